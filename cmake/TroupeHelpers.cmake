@@ -1,0 +1,75 @@
+# Shared CMake helpers: warnings, library and test registration.
+
+# Warnings for project code; errors when TROUPE_WERROR is on.
+function(troupe_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+  if(TROUPE_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+endfunction()
+
+# troupe_add_library(<folder> SOURCES ... DEPS ... [TORCH])
+# Creates troupe_<folder> with alias troupe::<folder>; public headers live in
+# <folder>/include/troupe/<folder>/, private ones next to the sources.
+function(troupe_add_library name)
+  cmake_parse_arguments(A "TORCH" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(troupe_${name} ${A_SOURCES})
+  add_library(troupe::${name} ALIAS troupe_${name})
+  target_include_directories(troupe_${name}
+    PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_link_libraries(troupe_${name} PUBLIC ${A_DEPS} PRIVATE ${A_PRIVATE_DEPS})
+  if(A_TORCH)
+    target_link_libraries(troupe_${name} PUBLIC ${TORCH_LIBRARIES})
+  endif()
+  troupe_warnings(troupe_${name})
+endfunction()
+
+# troupe_add_test(<name> SOURCES ... LIBS ... LABELS ... [TIMEOUT s] [SERIAL] [OWN_MAIN])
+# OWN_MAIN: the test defines main() itself (e.g. to re-exec itself as a child).
+# One executable per test file, registered with CTest (gtest_discover_tests would
+# run every binary at build time, which costs minutes on 2 cores, so we register
+# the binary as one CTest test and let GoogleTest run its cases).
+function(troupe_add_test name)
+  cmake_parse_arguments(A "SERIAL;OWN_MAIN" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 120)
+  endif()
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gmock Threads::Threads)
+  if(NOT A_OWN_MAIN)
+    target_link_libraries(${name} PRIVATE GTest::gtest_main)
+  endif()
+  troupe_warnings(${name})
+  add_test(NAME ${name} COMMAND ${name} --gtest_color=no)
+  set_tests_properties(${name} PROPERTIES
+    TIMEOUT ${A_TIMEOUT}
+    LABELS "${A_LABELS}"
+    ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE;OMP_NUM_THREADS=1;TROUPE_BUILD_DIR=${CMAKE_BINARY_DIR};TROUPE_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  if(A_SERIAL)
+    set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+endfunction()
+
+# Finds CUDA runtime + NCCL under /usr/local/cuda (or CUDA_HOME) and defines
+# the imported target troupe_nccl_deps and TROUPE_HAVE_NCCL.
+function(troupe_find_nccl)
+  set(TROUPE_HAVE_NCCL OFF PARENT_SCOPE)
+  if(NOT TROUPE_WITH_NCCL)
+    return()
+  endif()
+  set(_hints /usr/local/cuda $ENV{CUDA_HOME})
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_hints} PATH_SUFFIXES include)
+  find_path(CUDART_INCLUDE_DIR cuda_runtime_api.h HINTS ${_hints} PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY nccl HINTS ${_hints} PATH_SUFFIXES lib64 lib)
+  find_library(CUDART_LIBRARY cudart HINTS ${_hints} PATH_SUFFIXES lib64 lib)
+  if(NCCL_INCLUDE_DIR AND CUDART_INCLUDE_DIR AND NCCL_LIBRARY AND CUDART_LIBRARY)
+    add_library(troupe_nccl_deps INTERFACE IMPORTED GLOBAL)
+    target_include_directories(troupe_nccl_deps SYSTEM INTERFACE ${NCCL_INCLUDE_DIR} ${CUDART_INCLUDE_DIR})
+    target_link_libraries(troupe_nccl_deps INTERFACE ${NCCL_LIBRARY} ${CUDART_LIBRARY})
+    set(TROUPE_HAVE_NCCL ON PARENT_SCOPE)
+    message(STATUS "troupe: NCCL backend enabled (${NCCL_LIBRARY})")
+  else()
+    message(STATUS "troupe: NCCL/CUDA not found, NCCL backend not built")
+  endif()
+endfunction()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds Troupe into ${TROUPE_BUILD_DIR:-build} (Release, ccache
+# when present). Extra arguments go to cmake's configure step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${TROUPE_BUILD_DIR:-build}"
+JOBS="${TROUPE_JOBS:-$(nproc)}"
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] || [ $# -gt 0 ]; then
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${TROUPE_BUILD_TYPE:-Release}" "$@"
+fi
+cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Troupe needs to build, test and run.
+# Idempotent: checks each package first and calls apt only for what is missing,
+# so a machine that already has everything never touches apt (CI stays fast).
+# Works as root or through sudo; never prompts.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain (a fresh Debian 12 has none of it)
+  build-essential cmake pkg-config git ccache ninja-build
+  # transport
+  libzmq3-dev cppzmq-dev capnproto libcapnp-dev libsodium-dev
+  # engine / trainer (libtorch 1.13 CPU with c10d + Gloo) and a fast BLAS
+  libtorch-dev libopenblas0-pthread
+  # logging, CLI, config, JSON
+  libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev python3 procps iproute2
+  # gRPC + protobuf: the peer the transport benchmark is measured against
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # multi-node tests: real sshd and Slurm daemons on network-namespace hosts
+  openssh-server openssh-client slurm-wlm munge
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
+    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq </dev/null
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" </dev/null
+# Daemons from the packages above must not keep running on the build machine;
+# tests start their own instances in namespaces.
+for svc in ssh slurmctld slurmd munge; do
+  $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+done
+echo "install-deps: done"
