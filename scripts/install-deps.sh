@@ -14,6 +14,10 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   # logging, CLI, config, JSON
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  # HTTP client/server for external reward services
+  libcpp-httplib-dev libcurl4-openssl-dev
+  # fuzzing the message decoders (clang's libFuzzer runtime)
+  clang libclang-rt-14-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev python3 procps iproute2
   # gRPC + protobuf: the peer the transport benchmark is measured against
