@@ -1,0 +1,75 @@
+#include "troupe/launcher/job_spec.h"
+
+namespace troupe::launcher {
+
+void Describe(config::Binder& b, RoleProcess& c) {
+  b.Field("count", &c.count, "number of actors of this role at start (`troupe scale` changes it)");
+  b.Field("max_restarts", &c.max_restarts,
+          "restarts per actor before it is given up (learner: the job fails)");
+  b.Field("restart_backoff_ms", &c.restart_backoff_ms,
+          "delay before the first restart; doubles per restart, capped at 30 s");
+  b.Field("hosts", &c.hosts,
+          "ssh backend: hosts for this role, round robin (empty: all cluster hosts)");
+  b.Field("per_node", &c.per_node,
+          "slurm backend: actors per node (0: pack on as few nodes as possible)");
+  b.Field("resources", &c.resources, "resource tags a host must offer for this role (e.g. gpu)");
+}
+
+void Describe(config::Binder& b, HeadSpec& c) {
+  b.Field("heartbeat_interval_ms", &c.heartbeat_interval_ms,
+          "how often actors heartbeat and the head answers");
+  b.Field("heartbeat_timeout_ms", &c.heartbeat_timeout_ms,
+          "an actor silent this long is marked lost and replaced");
+  b.Field("head_grace_ms", &c.head_grace_ms,
+          "an actor exits by itself when the head is silent this long");
+  b.Field("stop_grace_ms", &c.stop_grace_ms,
+          "`troupe stop`: time allowed for checkpoint and exit before SIGKILL");
+  b.Field("register_timeout_ms", &c.register_timeout_ms,
+          "a spawned actor must register within this time");
+  if (b.mode() == config::Binder::Mode::kRead) {
+    if (c.heartbeat_interval_ms == 0) b.Error("heartbeat_interval_ms", "must be > 0");
+    if (c.heartbeat_timeout_ms < 2 * c.heartbeat_interval_ms)
+      b.Error("heartbeat_timeout_ms", "must be at least twice heartbeat_interval_ms (" +
+                                          std::to_string(c.heartbeat_interval_ms) + ")");
+    if (c.head_grace_ms < 2 * c.heartbeat_interval_ms)
+      b.Error("head_grace_ms", "must be at least twice heartbeat_interval_ms");
+  }
+}
+
+void Describe(config::Binder& b, HostSpec& c) {
+  b.Field("name", &c.name, "ssh destination (host name or address)");
+  b.Field("address", &c.address, "address other nodes use to reach actors on it (default: name)");
+  b.Field("user", &c.user, "ssh user (empty: current user)");
+  b.Field("port", &c.port, "sshd port");
+  b.Field("slots", &c.slots, "maximum actors placed on this host");
+  b.Field("resources", &c.resources, "resource tags this host offers (e.g. gpu)");
+}
+
+void Describe(config::Binder& b, ClusterSpec& c) {
+  b.Field("backend", &c.backend, "where actors run: local | ssh | slurm");
+  b.Field("advertise_address", &c.advertise_address,
+          "address published to actors (empty: 127.0.0.1 for local, else the host's address)");
+  b.Field("bind_interface", &c.bind_interface,
+          "take the advertise address from this interface (e.g. eth0)");
+  b.Field("actor_binary", &c.actor_binary,
+          "troupe-actor path on every host (empty: next to troupe)");
+  b.Field("curve", &c.curve,
+          "CURVE encryption of every socket: auto (on with more than one host) | on | off");
+  b.Field("ssh_options", &c.ssh_options, "extra `ssh -o` options (BatchMode=yes is always set)");
+  b.Field("identity_file", &c.identity_file, "ssh private key (empty: ssh's default)");
+  b.Field("slurm_partition", &c.slurm_partition, "slurm backend: partition (empty: the default)");
+  b.Field("srun_options", &c.srun_options, "slurm backend: extra srun arguments");
+  // hosts: a list of mappings.
+  b.List("hosts", &c.hosts,
+         "ssh backend: the hosts (list of {name, address, user, port, slots, resources})");
+  if (b.mode() == config::Binder::Mode::kRead) {
+    if (c.backend != "local" && c.backend != "ssh" && c.backend != "slurm")
+      b.Error("backend", "must be local, ssh or slurm, got '" + c.backend + "'");
+    if (c.curve != "auto" && c.curve != "on" && c.curve != "off")
+      b.Error("curve", "must be auto, on or off, got '" + c.curve + "'");
+    if (c.backend == "ssh" && c.hosts.empty())
+      b.Error("hosts", "the ssh backend needs at least one host");
+  }
+}
+
+}  // namespace troupe::launcher
