@@ -1,0 +1,131 @@
+// Learner configuration: typed, validated in one place, torch-free.
+//
+// The launcher (which never includes torch) maps the job YAML onto
+// LearnerConfig and calls Validate() before spawning anything; the learner
+// calls it again when it is constructed. Every field has a default that works
+// for the default job (a 2-layer d_model-128 model on a character task); the
+// comment on each field says what it means and what trading it off costs.
+// Plain value type: copy freely; not shared between threads mutably.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "troupe/core/status.h"
+
+namespace troupe::trainer {
+
+// How a sequence's advantage is computed from the rewards of its group
+// (the G samples drawn for one prompt).
+enum class AdvantageEstimator {
+  kGrpo,    // (r - mean_group) / (std_group + eps): GRPO (Shao et al. 2024)
+  kDrGrpo,  // r - mean_group, no std division: Dr. GRPO (Liu et al. 2025)
+  kRloo,    // r - mean of the OTHER G-1 rewards: leave-one-out (Ahmadian et al. 2024)
+};
+
+// How per-token losses are averaged into the loss of one optimizer update.
+enum class LossAggregation {
+  kTokenMean,     // sum over all trained tokens / number of trained tokens (DAPO):
+                  // every token weighs the same, long answers weigh more.
+  kSequenceMean,  // mean over sequences of each sequence's token mean (original GRPO):
+                  // every sequence weighs the same, its tokens share 1/len each.
+};
+
+const char* Name(AdvantageEstimator e);  // "grpo", "dr_grpo", "rloo"
+const char* Name(LossAggregation a);     // "token_mean", "sequence_mean"
+// Parse the names above; the error lists the accepted values.
+Result<AdvantageEstimator> ParseAdvantageEstimator(std::string_view name);
+Result<LossAggregation> ParseLossAggregation(std::string_view name);
+
+struct LearnerConfig {
+  // ---- advantages
+  // Advantage estimator (default grpo). dr_grpo avoids the std division that
+  // over-weights groups with tiny reward spread; rloo is unbiased but needs G >= 2.
+  AdvantageEstimator advantage = AdvantageEstimator::kGrpo;
+  // Added to the group std before dividing (grpo only). Default 1e-6.
+  double advantage_eps = 1e-6;
+  // Leave groups whose rewards are all equal (zero advantage, no policy
+  // gradient) out of the forward/backward pass. Default true: saves their
+  // compute. They are counted either way. With kl_coef or entropy_coef > 0
+  // those groups would still carry KL/entropy gradient, which skipping drops.
+  bool skip_uniform_groups = true;
+
+  // ---- policy loss (decoupled PPO, see docs/trainer.md)
+  // Lower clip range: the ratio pi/pi_prox is clipped at 1 - clip_low. Default 0.2.
+  double clip_low = 0.2;
+  // Upper clip range (clip-higher, DAPO): clipped at 1 + clip_high. Default 0.28;
+  // larger keeps exploration alive (low-probability tokens can grow), too large destabilises.
+  double clip_high = 0.28;
+  // Cap of the behaviour importance weight pi_prox/pi_behav (truncated importance
+  // sampling). Default 5. Lower = less variance from stale batches, more bias.
+  double is_cap = 5.0;
+  // Token-level or sequence-level aggregation (default token_mean).
+  LossAggregation aggregation = LossAggregation::kTokenMean;
+  // Coefficient of the k3 KL penalty to the frozen reference policy. Default 0
+  // (off, no reference forward). > 0 needs a reference model.
+  double kl_coef = 0.0;
+  // Coefficient of the entropy bonus (subtracted from the loss). Default 0.
+  double entropy_coef = 0.0;
+  // Sampling temperature the rollout actors used; log-probs are computed at the
+  // same temperature so importance weights compare like with like. Default 1.
+  double temperature = 1.0;
+
+  // ---- optimizer and schedule (AdamW, linear warmup then cosine decay)
+  // Peak learning rate. Default 1e-3 (right for the tiny default model; 1e-6..1e-5 for LLMs).
+  double lr = 1e-3;
+  // Optimizer updates of linear warmup from 0 to lr. Default 10.
+  int64_t warmup_steps = 10;
+  // Updates after which the cosine decay reaches min_lr_ratio * lr (and stays). Default 1000.
+  int64_t total_steps = 1000;
+  // Floor of the cosine decay as a fraction of lr. Default 0.1.
+  double min_lr_ratio = 0.1;
+  // Decoupled AdamW weight decay. Default 0.0 (short RL runs gain nothing from it).
+  double weight_decay = 0.0;
+  // AdamW betas and epsilon. Defaults 0.9, 0.999, 1e-8.
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  // Global gradient-norm clip; 0 disables. Default 1.0.
+  double grad_clip = 1.0;
+
+  // ---- batching
+  // Padded tokens (rows x longest row) per forward/backward micro-batch.
+  // Gradients of the micro-batches of one update are accumulated, normalised by
+  // token count, so the result does not depend on this value; larger = fewer,
+  // bigger matmuls (faster) but more activation memory. Default 8192.
+  int64_t micro_batch_tokens = 8192;
+  // Admitted batches consumed by one optimizer update. Default 1.
+  int32_t batches_per_update = 1;
+  // Optimizer updates made on the same batches (PPO epochs). Default 1. Each
+  // reuse counts toward a batch's policy lag.
+  int32_t updates_per_batch = 1;
+  // Largest accepted learner_version - batch_version, checked on arrival and
+  // before every update that uses the batch. Unset: updates_per_batch - 1
+  // (strictly on-policy data, reused for its epochs). Must be >= 0.
+  std::optional<int64_t> max_policy_lag;
+  // Longest prompt + response (tokens) a batch may contain; longer sequences
+  // reject the batch. 0 = the model's limit only. Default 0.
+  int64_t max_sequence_tokens = 0;
+
+  // ---- supervised warm start
+  // Learning rate of SupervisedStep (constant, no schedule). Default 1e-3.
+  double supervised_lr = 1e-3;
+
+  // ---- bookkeeping
+  // Seed of the learner's torch generator (restored from checkpoints). Default 0.
+  uint64_t seed = 0;
+  // Checkpoints kept under a checkpoint root (older ones are deleted). Default 3, >= 1.
+  int32_t keep_checkpoints = 3;
+
+  // The lag limit in force: max_policy_lag, or updates_per_batch - 1 when unset.
+  int64_t effective_max_policy_lag() const {
+    return max_policy_lag ? *max_policy_lag : static_cast<int64_t>(updates_per_batch) - 1;
+  }
+
+  // Checks every field; the error names the field, its value and the limit.
+  Status Validate() const;
+};
+
+}  // namespace troupe::trainer
