@@ -20,6 +20,8 @@ PACKAGES=(
   clang libclang-rt-14-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev python3 procps iproute2
+  # the Python peer of the default-job benchmark (a plain PyTorch GRPO loop)
+  python3-torch
   # gRPC + protobuf: the peer the transport benchmark is measured against
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # multi-node tests: real sshd and Slurm daemons on network-namespace hosts
