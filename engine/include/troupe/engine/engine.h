@@ -1,0 +1,202 @@
+// Engine: batched, continuous generation with exact behaviour log-probs.
+//
+//   rollout actor ──Generate / Submit──▶ queue ──▶ engine thread:
+//       admit into free KV slots ─▶ batched prefill (G samples share it)
+//       ─▶ decode step over all active slots ─▶ sample + log-prob ─▶ finished? free slot
+//   learner ══weights══▶ UpdateWeights (between steps, never inside one)
+//
+// One engine thread owns the model and its KvCache and runs the loop above: every
+// step prefills newly admitted prompts (padded into one batch) and advances every
+// active slot by one token in one batched forward; a slot whose sequence finished
+// is refilled at the next step (continuous batching), so short sequences never
+// wait for the slowest one.
+//
+// Every sampled token carries its behaviour log-prob (logprob.h: log_softmax of
+// the temperature-scaled logits, float32) and the policy version that sampled it.
+//
+// Versions and weight updates (DESIGN invariants 1 and 5): UpdateWeights never
+// runs inside a forward step. A Generate() call pins the version: an update
+// issued meanwhile waits until that call's whole batch has finished, so all its
+// tokens come from one version, reported as `policy_version`; new Generate()
+// calls wait while an update is waiting (no starvation). Submit() requests are
+// not pinned: an update may land between two of their decode steps; their
+// `policy_version` is the version at their prefill and `token_versions` tell
+// which version sampled each token (importance weights stay exact either way).
+// The model runs in eval mode under torch::InferenceMode during steps; its
+// previous train/eval mode is restored after each step.
+//
+// Thread-safety: every public method may be called from any thread. Generate and
+// UpdateWeights block (bounded by their deadline); Submit never blocks. Submit
+// callbacks run on the engine thread: keep them short, and do not call the
+// blocking methods (Generate, UpdateWeights) from them — calling Submit (e.g. the
+// next turn of a multi-turn episode) is fine. The destructor stops the thread;
+// unfinished requests end with finish reason kAborted (callbacks still run).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/core/deadline.h"
+#include "troupe/core/status.h"
+#include "troupe/core/thread_annotations.h"
+#include "troupe/engine/engine_config.h"
+#include "troupe/engine/model.h"
+
+namespace troupe::engine {
+
+enum class FinishReason {
+  kStop,      // sampled a stop token (kept as the last response token)
+  kLength,    // max_new_tokens reached, or the sequence filled its KV-cache row
+  kRejected,  // never started: see reject_reason (empty prompt, too long, bad params, ...)
+  kAborted,   // cut short: engine stopped, deadline passed, or a step failed (see reject_reason)
+};
+// "stop" | "length" | "rejected" | "aborted".
+const char* FinishReasonName(FinishReason reason);
+
+// One prompt to sample sampling.num_samples continuations of.
+struct GenerateRequest {
+  // Prompt token ids (usually starting with BOS). Must be non-empty.
+  std::vector<int32_t> prompt;
+  // Multi-turn continuation: tokens already following the prompt (earlier turns' responses
+  // and environment tokens). They are prefilled together with the prompt (the whole context is
+  // re-prefilled; nothing is kept in the cache between turns) and lead the result's response
+  // with the masks/log-probs/versions below. Empty for a first turn.
+  std::vector<int32_t> response_prefix;
+  // Per prefix token: 1 = sampled by the model (trained), 0 = environment token. Empty = all 0.
+  std::vector<uint8_t> response_prefix_mask;
+  // Per prefix token: behaviour log-prob (0 for environment tokens). Empty = all 0.
+  std::vector<float> response_prefix_logprobs;
+  // Per prefix token: version that sampled it (0 for environment tokens). Empty = all 0.
+  std::vector<uint64_t> response_prefix_versions;
+  SamplingParams sampling;
+  // Caller's identifier, copied into every result of this request.
+  uint64_t tag = 0;
+};
+
+// One sampled sequence.
+struct GenerationResult {
+  uint64_t tag = 0;          // GenerateRequest::tag
+  size_t request_index = 0;  // index of the request in Generate()'s input (0 for Submit)
+  int32_t sample_index = 0;  // 0..num_samples-1 within the request
+  std::vector<int32_t> prompt_ids;
+  // Response tokens: the request's response_prefix, then the tokens sampled now.
+  std::vector<int32_t> response_ids;
+  // Behaviour log-prob of each response token (0 where mask is 0).
+  std::vector<float> logprobs;
+  // 1 = sampled by the model, 0 = environment/prefix token given by the caller.
+  std::vector<uint8_t> mask;
+  // Policy version that sampled each response token (0 where mask is 0).
+  std::vector<uint64_t> token_versions;
+  FinishReason finish_reason = FinishReason::kAborted;
+  // Why the request was rejected or aborted (empty otherwise).
+  std::string reject_reason;
+  // Policy version at the start of generation (Generate: the pinned version of the batch).
+  uint64_t policy_version = 0;
+  // Tokens sampled by this call (response_ids minus the prefix).
+  int32_t num_new_tokens = 0;
+};
+
+// Builds the next turn of a multi-turn episode: same prompt, response_prefix = the previous
+// result's response + `env_tokens` (mask 0), carrying its log-probs and versions.
+GenerateRequest ContinueRequest(const GenerationResult& previous,
+                                const std::vector<int32_t>& env_tokens,
+                                const SamplingParams& sampling);
+
+// The first rejected or aborted result as one error naming the request, its tag and the
+// reason ("request 3 (tag 17) rejected: prompt of 130 tokens does not fit ..."); ok if none.
+Status CheckNoRejections(const std::vector<GenerationResult>& results);
+
+// Counters since construction (monotonic).
+struct EngineStats {
+  uint64_t requests = 0;          // requests accepted by Generate/Submit
+  uint64_t rejected = 0;          // requests rejected
+  uint64_t sequences = 0;         // samples finished (stop or length)
+  uint64_t generated_tokens = 0;  // tokens sampled
+  uint64_t prefill_tokens = 0;    // context tokens prefilled (unpadded)
+  uint64_t prefill_steps = 0;     // batched prefills run
+  uint64_t decode_steps = 0;      // decode steps run
+  uint64_t weight_updates = 0;    // successful UpdateWeights
+};
+
+class Engine {
+ public:
+  using Callback = std::function<void(std::vector<GenerationResult>)>;
+
+  // Validates the config, builds the model (random weights from config.init_seed) unless
+  // `model` is given (its config must equal config.model; the engine uses it exclusively
+  // from now on, except through UpdateWeights), allocates the KV cache, starts the engine
+  // thread. Fails on an invalid config or an unavailable device.
+  static Result<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                std::shared_ptr<LlamaModel> model = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Generates every request's samples (continuous batching over all of them) and returns the
+  // results ordered by request, then sample. Blocks until done or the deadline. A request that
+  // cannot run is returned with finish reason kRejected and the reason; the others complete.
+  // Errors: Timeout (deadline; the batch is cancelled), Unavailable (engine stopping),
+  // Internal (a step failed).
+  Result<std::vector<GenerationResult>> Generate(const std::vector<GenerateRequest>& requests,
+                                                 Deadline deadline);
+
+  // Queues one request; `done` runs on the engine thread with its num_samples results once
+  // all have finished (or been rejected/aborted). Never blocks. Fails (without calling
+  // `done`) only when the engine is stopping.
+  Status Submit(GenerateRequest request, Callback done);
+
+  // Copies named tensors (Hugging Face names, LlamaModel::LoadNamed rules: all parameters,
+  // shapes must match, floating dtypes are cast) into the model and sets the version. Waits
+  // for the running step and for pinned Generate() batches; blocks until applied or the
+  // deadline (Timeout, nothing changed). Fails on a version lower than version() or bad
+  // tensors (nothing changed).
+  Status UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline);
+  // Same, but `fill` writes the new weights directly into the model's tensors (e.g. a
+  // broadcast receiving into them, avoiding one copy). It runs on the calling thread while
+  // generation is paused; if it fails the version is unchanged (weights may be partial).
+  Status UpdateWeightsInPlace(uint64_t version,
+                              const std::function<Status(const NamedTensors& weights)>& fill,
+                              Deadline deadline);
+
+  // The policy version of the weights now in the model (0 before any update).
+  uint64_t version() const;
+  const EngineConfig& config() const { return config_; }
+  EngineStats stats() const;
+
+ private:
+  struct Batch;
+  struct Work;
+  struct Seq;
+  class Loop;
+
+  explicit Engine(const EngineConfig& config);
+  Status Enqueue(std::vector<std::shared_ptr<Work>> works) TROUPE_REQUIRES(mu_);
+  // Waits until the gate lets an update in; marks it running. Returns Timeout otherwise.
+  Status BeginUpdate(uint64_t version, Deadline deadline);
+  void EndUpdate(uint64_t version, bool ok);
+  void ThreadMain();
+
+  const EngineConfig config_;
+  std::shared_ptr<LlamaModel> model_;
+  std::unique_ptr<Loop> loop_;  // engine-thread state (slots, cache, sequences)
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<Work>> queue_ TROUPE_GUARDED_BY(mu_);
+  bool stop_ TROUPE_GUARDED_BY(mu_) = false;
+  int pins_ TROUPE_GUARDED_BY(mu_) = 0;             // Generate batches in flight
+  int updates_waiting_ TROUPE_GUARDED_BY(mu_) = 0;  // UpdateWeights calls at the gate
+  bool update_running_ TROUPE_GUARDED_BY(mu_) = false;
+  bool step_running_ TROUPE_GUARDED_BY(mu_) = false;
+  uint64_t version_ TROUPE_GUARDED_BY(mu_) = 0;
+  EngineStats stats_ TROUPE_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace troupe::engine

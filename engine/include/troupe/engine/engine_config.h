@@ -1,0 +1,80 @@
+// Generation settings (torch-free): the engine's config and per-request sampling.
+//
+// The launcher maps YAML onto these structs and calls Validate() before it
+// spawns anything; rollout actors pass them to troupe::engine::Engine. Plain
+// value types; no thread-safety concerns.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/core/status.h"
+#include "troupe/engine/model_config.h"
+
+namespace troupe::engine {
+
+// How one request is sampled.
+struct SamplingParams {
+  // Softmax temperature. Default 1.0 (the policy itself). 0 = greedy (argmax); its recorded
+  // log-prob is then the temperature-1 value. Must be finite and >= 0.
+  double temperature = 1.0;
+  // Keep only the k most likely tokens; 0 (default) = off.
+  int32_t top_k = 0;
+  // Keep the smallest set of most likely tokens whose mass reaches top_p; 1.0 (default) = off.
+  // Must be in (0, 1].
+  double top_p = 1.0;
+  // New tokens to generate at most (per sample). Default 16. The sequence also stops when the
+  // KV cache row is full (finish reason "length").
+  int32_t max_new_tokens = 16;
+  // Generation stops after sampling any of these (the stop token is kept in the response,
+  // with its log-prob, and trained on). Usually {tokenizer.eos_id()}. Default empty.
+  std::vector<int32_t> stop_token_ids;
+  // Samples drawn for this prompt (the G of GRPO). They share one prompt prefill. Default 1.
+  int32_t num_samples = 1;
+  // Seed of this request's sampler: same seed + same weights + same prompt = same tokens.
+  // Sample j of the request uses the stream derived from (seed, j).
+  uint64_t seed = 0;
+
+  // Checks every field; the error names the field and the value.
+  Status Validate() const;
+};
+
+// Where the model and the KV cache live.
+struct EngineConfig {
+  // The policy model's sizes.
+  ModelConfig model;
+  // KV-cache slots = sequences decoded concurrently. Default 128 (one GRPO batch of the default
+  // job: 16 prompts x 8 samples). More slots = bigger decode batches (better throughput)
+  // and more memory: 2 * layers * slots * kv_heads * max_seq_len * head_dim * dtype bytes.
+  int32_t num_slots = 128;
+  // Cache length per slot (prompt + response); 0 (default) = model.max_seq_len. Must be
+  // <= model.max_seq_len. Prompts of this length or longer are rejected.
+  int32_t max_seq_len = 0;
+  // Intra-op threads of the engine thread's torch ops and kernels; 0 = leave the default.
+  // Default 1: on 2 shared cores, one thread measured faster than two for the default
+  // model (see docs/engine.md); larger models gain from more.
+  int32_t intra_op_threads = 1;
+  // "cpu" (default) or "cuda" / "cuda:N". CUDA needs a CUDA-enabled libtorch.
+  std::string device = "cpu";
+  // Upper bound on prompt tokens (rows x padded length) in one batched prefill; longer
+  // queues are prefilled in several steps. Default 8192. Bounds the prefill's activations.
+  int32_t max_prefill_tokens = 8192;
+  // Use the fused CPU decode kernels (RoPE + cache write + attention in one pass). Default
+  // true; false runs plain torch ops (the path CUDA uses), e.g. to compare the two.
+  bool fused_cpu_kernels = true;
+  // Seed of the initial random weights when no model is passed in. Default 0.
+  uint64_t init_seed = 0;
+  // Benchmark baseline: admit new sequences only when every slot is free (static batching).
+  // Default false (continuous batching: a finished slot is refilled at the next step).
+  bool static_batching = false;
+
+  // Cache length actually used.
+  int32_t CacheLen() const {
+    return max_seq_len > 0 ? max_seq_len : static_cast<int32_t>(model.max_seq_len);
+  }
+  // Validates the model config and every field here.
+  Status Validate() const;
+};
+
+}  // namespace troupe::engine

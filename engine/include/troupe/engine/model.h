@@ -1,0 +1,157 @@
+// LlamaModel: a Llama/Qwen2-style decoder-only transformer in libtorch.
+//
+//   tokens ─▶ embed ─▶ [RMSNorm ─▶ GQA attention (RoPE) ─▶ + ─▶ RMSNorm ─▶ SwiGLU ─▶ +] × L
+//          ─▶ RMSNorm ─▶ head (tied to embed, or lm_head) ─▶ float32 logits
+//
+// One model serves two callers: the learner trains it through Forward()
+// (autograd, full sequences), and the generation engine runs Prefill()/Decode()
+// against a KvCache. Both paths compute the same function; tests check that
+// incremental decoding reproduces Forward()'s log-probs within 1e-4 in fp32.
+//
+// Weights are exchanged under Hugging Face's parameter names
+// (`model.layers.N.self_attn.q_proj.weight`, ...), so safetensors checkpoints of
+// real Llama/Qwen2 models load, and so the learner, the weight broadcast and
+// the rollout actors agree on one naming. Internally q/k/v and gate/up are each
+// stored as one fused matrix (fewer, larger matmuls); NamedWeights() returns
+// row-slices of them (contiguous views sharing storage) under the HF names.
+//
+// Thread-safety: a torch::nn::Module; concurrent Forward/Decode calls on one
+// model are safe only if nobody mutates the weights meanwhile. The Engine
+// serializes generation and weight updates with its own lock; the learner owns
+// its model exclusively. Nothing here starts threads or blocks on I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "troupe/core/status.h"
+#include "troupe/engine/model_config.h"
+
+namespace troupe::engine {
+
+// (Hugging Face name, tensor) pairs, in a stable order.
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// torch dtype of a config dtype.
+c10::ScalarType ToTorchDType(DType dtype);
+
+// The key/value cache of generation: per layer one K and one V tensor of shape
+// [num_slots, n_kv_heads, max_len, head_dim] in the model dtype on the model
+// device, zero-initialised (so masked positions never hold NaN). A slot holds one
+// sequence; position p of a slot holds the keys/values of token p. Allocated
+// once; generation never reallocates it. Not thread-safe: one user at a time.
+class KvCache {
+ public:
+  KvCache(const ModelConfig& config, int64_t num_slots, int64_t max_len, torch::Device device);
+
+  int64_t num_slots() const { return num_slots_; }
+  int64_t max_len() const { return max_len_; }
+  int64_t num_layers() const { return static_cast<int64_t>(k_.size()); }
+  torch::Tensor& k(int64_t layer) { return k_[static_cast<size_t>(layer)]; }
+  torch::Tensor& v(int64_t layer) { return v_[static_cast<size_t>(layer)]; }
+  // Copies positions [0, len) of slots src[i] to slots dst[i] in every layer (group
+  // sampling: G samples share one prompt prefill). src/dst: int64 [n] on the cache device.
+  void CopySlots(const torch::Tensor& src, const torch::Tensor& dst, int64_t len);
+  // Bytes held by the cache.
+  int64_t bytes() const;
+
+ private:
+  int64_t num_slots_, max_len_;
+  std::vector<torch::Tensor> k_, v_;
+};
+
+// Options of LoadNamed.
+struct LoadOptions {
+  // Cast floating tensors (F64/F32/BF16/F16) to the model dtype. Default true; false
+  // requires exact dtypes. Integer or bool tensors never load into float parameters.
+  bool allow_dtype_cast = true;
+  // Every model parameter must be present. Default true; false allows partial updates.
+  bool require_all = true;
+  // Reject tensors holding NaN or Inf (one extra pass over the data). Default false.
+  bool check_finite = false;
+};
+
+class LlamaModel : public torch::nn::Module {
+ public:
+  // Builds a model with random weights (normal(0, 0.02) matrices, unit norms), drawn
+  // from `seed` on the CPU and then moved to `device`: the same seed gives the same
+  // weights on every machine. The config must be valid (TROUPE_CHECK); use Create()
+  // for a Status instead.
+  explicit LlamaModel(const ModelConfig& config, uint64_t seed = 0,
+                      torch::Device device = torch::kCPU);
+  // Validates the config first; the error names the bad field.
+  static Result<std::shared_ptr<LlamaModel>> Create(const ModelConfig& config, uint64_t seed = 0,
+                                                    torch::Device device = torch::kCPU);
+
+  const ModelConfig& config() const { return config_; }
+  torch::Device device() const;
+
+  // Full-sequence forward: ids int64/int32 [B, T] with T <= max_seq_len, positions
+  // 0..T-1 (right padding is harmless: attention is causal). Returns float32 logits
+  // [B, T, vocab_size], differentiable w.r.t. the parameters. Throws c10::Error on
+  // bad shapes or ids outside the vocabulary (use CheckTokens first for untrusted input).
+  torch::Tensor Forward(const torch::Tensor& ids);
+
+  // Checks an id tensor for Forward/Prefill: 1-D or 2-D integer, at most max_seq_len long,
+  // every id in [0, vocab_size). The error names the first offending id and position.
+  Status CheckTokens(const torch::Tensor& ids) const;
+
+  // Cache-aware prefill: runs ids [P, T] (row i right-padded, true length lengths[i] >= 1,
+  // T <= cache.max_len()) through the model, writes keys/values of positions [0, T) into
+  // cache slots `slots[i]`, and returns float32 logits [P, vocab] at position
+  // lengths[i]-1 of each row. lengths and slots: int64 [P] on the model device.
+  torch::Tensor Prefill(const torch::Tensor& ids, const torch::Tensor& lengths,
+                        const torch::Tensor& slots, KvCache& cache);
+
+  // Cache-aware decode step for slots 0..n-1: tokens[s] (int64 [n]) is at position
+  // positions[s] (int64 [n]) of slot s; its key/value is written there and attention
+  // covers positions [0, positions[s]]. attn_len must be >= max(positions)+1 (the
+  // caller's scheduler knows it without a device sync). Returns float32 logits [n, V].
+  // `fused_cpu` selects the fused CPU kernel (RoPE + cache write + attention in one pass,
+  // float32/bfloat16/float16 on CPU); otherwise plain torch ops (any device).
+  torch::Tensor Decode(const torch::Tensor& tokens, const torch::Tensor& positions,
+                       int64_t attn_len, KvCache& cache, bool fused_cpu = true);
+
+  // Every parameter under its Hugging Face name, in a fixed order: embed_tokens, then per
+  // layer input_layernorm, q/k/v(/biases)/o_proj, post_attention_layernorm,
+  // gate/up/down_proj, then model.norm and (untied only) lm_head. The tensors share
+  // storage with the parameters (writes under torch::NoGradGuard change the model).
+  NamedTensors NamedWeights() const;
+
+  // Copies named tensors into the parameters. Fails, changing nothing, on the first
+  // problem in input order (an unknown name, a duplicate, a shape mismatch, a dtype the
+  // options do not allow, a non-finite value when options.check_finite), then on the
+  // first missing parameter in NamedWeights() order when options.require_all. The error
+  // names the tensor and both shapes/dtypes. Copies across devices when needed.
+  // `rotary_emb.inv_freq` buffers found in old checkpoints are ignored.
+  Status LoadNamed(const NamedTensors& named, const LoadOptions& options = {});
+
+  // Re-draws every parameter from `seed` (normal(0, std) matrices, unit norm weights).
+  void InitRandom(uint64_t seed, double std = 0.02);
+
+ private:
+  struct Layer {
+    torch::Tensor input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w;
+  };
+  torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const;
+  torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos,
+                     const torch::Tensor& sin) const;
+  torch::Tensor Mlp(const Layer& layer, const torch::Tensor& x) const;
+  torch::Tensor Head(const torch::Tensor& x) const;
+  // Runs the layers over x [B, T, D] at positions 0..T-1; when cache/slots are given,
+  // writes K/V of the T positions into those slots.
+  torch::Tensor RunLayers(torch::Tensor x, KvCache* cache, const torch::Tensor& slots);
+
+  ModelConfig config_;
+  int64_t head_dim_, q_size_, kv_size_;
+  torch::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  torch::Tensor rope_cos_, rope_sin_;  // float32 [max_seq_len, head_dim/2]
+};
+
+}  // namespace troupe::engine

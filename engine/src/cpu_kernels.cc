@@ -1,0 +1,189 @@
+#include "cpu_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+namespace troupe::engine::cpu {
+namespace {
+
+// Dot product with independent partial sums (lets the compiler vectorise).
+template <typename T>
+inline float Dot(const float* a, const T* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * static_cast<float>(b[i + j]);
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * static_cast<float>(b[i]);
+  return s;
+}
+
+void CheckRows(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == 2, what,
+              " must be a contiguous 2-D CPU tensor, got ", t.sizes(), " on ", t.device());
+}
+
+}  // namespace
+
+at::Tensor RmsNormRows(const at::Tensor& x, const at::Tensor& w, double eps) {
+  CheckRows(x, "RmsNormRows input");
+  const int64_t n = x.size(0), d = x.size(1);
+  TORCH_CHECK(w.numel() == d && w.is_contiguous() && w.scalar_type() == x.scalar_type());
+  at::Tensor out = at::empty({n, d}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "RmsNormRows", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = w.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* xr = xp + r * d;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t i = 0;
+        for (; i + 8 <= d; i += 8)
+          for (int j = 0; j < 8; ++j) {
+            float v = static_cast<float>(xr[i + j]);
+            acc[j] += v * v;
+          }
+        float ss =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; i < d; ++i) ss += static_cast<float>(xr[i]) * static_cast<float>(xr[i]);
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(eps));
+        scalar_t* orow = op + r * d;
+        for (i = 0; i < d; ++i) {
+          // Same rounding order as the module path: normalise, cast to dtype, scale.
+          scalar_t normed = static_cast<scalar_t>(static_cast<float>(xr[i]) * inv);
+          orow[i] = static_cast<scalar_t>(static_cast<float>(normed) * static_cast<float>(wp[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor SiluMulRows(const at::Tensor& gu) {
+  CheckRows(gu, "SiluMulRows input");
+  const int64_t n = gu.size(0), f = gu.size(1) / 2;
+  TORCH_CHECK(gu.size(1) == 2 * f);
+  at::Tensor out = at::empty({n, f}, gu.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gu.scalar_type(), "SiluMulRows", [&] {
+    const scalar_t* gp = gu.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* g = gp + r * 2 * f;
+        const scalar_t* u = g + f;
+        scalar_t* o = op + r * f;
+        for (int64_t i = 0; i < f; ++i) {
+          float gv = static_cast<float>(g[i]);
+          scalar_t act = static_cast<scalar_t>(gv / (1.0f + std::exp(-gv)));
+          o[i] = static_cast<scalar_t>(static_cast<float>(act) * static_cast<float>(u[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+void DecodeAttention(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
+                     const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, at::Tensor& out) {
+  CheckRows(qkv, "DecodeAttention qkv");
+  CheckRows(out, "DecodeAttention out");
+  const int64_t n = qkv.size(0), hd = head_dim, half = hd / 2;
+  const int64_t q_size = n_heads * hd, kv_size = n_kv_heads * hd;
+  TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "qkv width ", qkv.size(1));
+  TORCH_CHECK(out.size(0) == n && out.size(1) == q_size);
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4);
+  TORCH_CHECK(k_cache.size(0) >= n && k_cache.size(1) == n_kv_heads && k_cache.size(3) == hd);
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == n &&
+              positions.is_contiguous());
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(1) == half);
+  const int64_t max_len = k_cache.size(2);
+  const int64_t group = n_heads / n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t* pos_p = positions.data_ptr<int64_t>();
+  const float* cos_p = cos.data_ptr<float>();
+  const float* sin_p = sin.data_ptr<float>();
+  for (int64_t s = 0; s < n; ++s)
+    TORCH_CHECK(pos_p[s] >= 0 && pos_p[s] < max_len && pos_p[s] < cos.size(0), "position ",
+                pos_p[s], " of row ", s, " outside the cache length ", max_len);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, qkv.scalar_type(), "DecodeAttention", [&] {
+        const scalar_t* qkv_p = qkv.data_ptr<scalar_t>();
+        scalar_t* kc = k_cache.data_ptr<scalar_t>();
+        scalar_t* vc = v_cache.data_ptr<scalar_t>();
+        scalar_t* op = out.data_ptr<scalar_t>();
+        at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+          std::vector<float> q(static_cast<size_t>(q_size));
+          std::vector<float> scores(static_cast<size_t>(group * max_len));
+          std::vector<float> acc(static_cast<size_t>(hd));
+          for (int64_t s = begin; s < end; ++s) {
+            const int64_t pos = pos_p[s];
+            const float* c = cos_p + pos * half;
+            const float* sn = sin_p + pos * half;
+            const scalar_t* row = qkv_p + s * (q_size + 2 * kv_size);
+            // RoPE on q (kept in float32, pre-rounded to the dtype like the module path).
+            for (int64_t h = 0; h < n_heads; ++h) {
+              const scalar_t* x = row + h * hd;
+              float* y = q.data() + h * hd;
+              for (int64_t i = 0; i < half; ++i) {
+                float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
+                y[i] = static_cast<float>(static_cast<scalar_t>(x1 * c[i] - x2 * sn[i]));
+                y[half + i] = static_cast<float>(static_cast<scalar_t>(x2 * c[i] + x1 * sn[i]));
+              }
+            }
+            // RoPE on k, then k and v into the cache at `pos`.
+            for (int64_t h = 0; h < n_kv_heads; ++h) {
+              const scalar_t* x = row + q_size + h * hd;
+              const scalar_t* xv = row + q_size + kv_size + h * hd;
+              scalar_t* kd = kc + ((s * n_kv_heads + h) * max_len + pos) * hd;
+              scalar_t* vd = vc + ((s * n_kv_heads + h) * max_len + pos) * hd;
+              for (int64_t i = 0; i < half; ++i) {
+                float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
+                kd[i] = static_cast<scalar_t>(x1 * c[i] - x2 * sn[i]);
+                kd[half + i] = static_cast<scalar_t>(x2 * c[i] + x1 * sn[i]);
+              }
+              std::copy(xv, xv + hd, vd);
+            }
+            // Attention: the G query heads of a KV head share each cache row read.
+            const int64_t len = pos + 1;
+            for (int64_t kvh = 0; kvh < n_kv_heads; ++kvh) {
+              const scalar_t* kbase = kc + (s * n_kv_heads + kvh) * max_len * hd;
+              const scalar_t* vbase = vc + (s * n_kv_heads + kvh) * max_len * hd;
+              for (int64_t l = 0; l < len; ++l)
+                for (int64_t g = 0; g < group; ++g)
+                  scores[g * len + l] =
+                      Dot(q.data() + (kvh * group + g) * hd, kbase + l * hd, hd) * scale;
+              for (int64_t g = 0; g < group; ++g) {
+                float* sc = scores.data() + g * len;
+                float mx = *std::max_element(sc, sc + len);
+                float sum = 0.f;
+                for (int64_t l = 0; l < len; ++l) {
+                  sc[l] = std::exp(sc[l] - mx);
+                  sum += sc[l];
+                }
+                const float inv = 1.0f / sum;
+                std::fill(acc.begin(), acc.end(), 0.f);
+                for (int64_t l = 0; l < len; ++l) {
+                  // Probabilities are rounded to the dtype like the module path's softmax output.
+                  const float p = static_cast<float>(static_cast<scalar_t>(sc[l] * inv));
+                  const scalar_t* vr = vbase + l * hd;
+                  for (int64_t i = 0; i < hd; ++i) acc[i] += p * static_cast<float>(vr[i]);
+                }
+                scalar_t* o = op + s * q_size + (kvh * group + g) * hd;
+                for (int64_t i = 0; i < hd; ++i) o[i] = static_cast<scalar_t>(acc[i]);
+              }
+            }
+          }
+        });
+      });
+}
+
+}  // namespace troupe::engine::cpu

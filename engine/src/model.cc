@@ -1,0 +1,407 @@
+#include "troupe/engine/model.h"
+
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "cpu_kernels.h"
+#include "troupe/core/check.h"
+
+namespace troupe::engine {
+
+c10::ScalarType ToTorchDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat16:
+      return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+namespace {
+
+std::string ShapeString(at::IntArrayRef s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ KvCache
+
+KvCache::KvCache(const ModelConfig& config, int64_t num_slots, int64_t max_len,
+                 torch::Device device)
+    : num_slots_(num_slots), max_len_(max_len) {
+  TROUPE_CHECK_GT(num_slots, 0);
+  TROUPE_CHECK_GT(max_len, 0);
+  auto opts = at::TensorOptions().dtype(ToTorchDType(config.dtype)).device(device);
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    k_.push_back(at::zeros({num_slots, config.n_kv_heads, max_len, config.HeadDim()}, opts));
+    v_.push_back(at::zeros({num_slots, config.n_kv_heads, max_len, config.HeadDim()}, opts));
+  }
+}
+
+void KvCache::CopySlots(const torch::Tensor& src, const torch::Tensor& dst, int64_t len) {
+  if (src.numel() == 0 || len <= 0) return;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    for (torch::Tensor* t : {&k_[l], &v_[l]}) {
+      at::Tensor prefix = t->narrow(2, 0, len);
+      prefix.index_copy_(0, dst, prefix.index_select(0, src));
+    }
+  }
+}
+
+int64_t KvCache::bytes() const {
+  int64_t total = 0;
+  for (size_t l = 0; l < k_.size(); ++l) total += k_[l].nbytes() + v_[l].nbytes();
+  return total;
+}
+
+// ------------------------------------------------------------------ LlamaModel
+
+LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device device)
+    : config_(config) {
+  Status st = config.Validate();
+  TROUPE_CHECK_MSG(st.ok(), "invalid ModelConfig: {}", st.message());
+  head_dim_ = config.HeadDim();
+  q_size_ = config.n_heads * head_dim_;
+  kv_size_ = config.n_kv_heads * head_dim_;
+  const int64_t d = config.d_model;
+  auto opts = at::TensorOptions().dtype(ToTorchDType(config.dtype));
+  embed_ = register_parameter("embed_tokens", at::empty({config.vocab_size, d}, opts));
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    Layer layer;
+    auto name = [i](const char* what) { return fmt::format("layer{}_{}", i, what); };
+    layer.input_norm = register_parameter(name("input_norm"), at::empty({d}, opts));
+    layer.qkv_w = register_parameter(name("qkv_w"), at::empty({q_size_ + 2 * kv_size_, d}, opts));
+    if (config.attention_bias)
+      layer.qkv_b = register_parameter(name("qkv_b"), at::empty({q_size_ + 2 * kv_size_}, opts));
+    layer.o_w = register_parameter(name("o_w"), at::empty({d, q_size_}, opts));
+    layer.post_norm = register_parameter(name("post_norm"), at::empty({d}, opts));
+    layer.gate_up_w =
+        register_parameter(name("gate_up_w"), at::empty({2 * config.ffn_dim, d}, opts));
+    layer.down_w = register_parameter(name("down_w"), at::empty({d, config.ffn_dim}, opts));
+    layers_.push_back(layer);
+  }
+  final_norm_ = register_parameter("final_norm", at::empty({d}, opts));
+  if (!config.tie_word_embeddings)
+    lm_head_ = register_parameter("lm_head", at::empty({config.vocab_size, d}, opts));
+
+  // RoPE tables (rotate-half layout, as Hugging Face Llama/Qwen2), computed in double.
+  const int64_t half = head_dim_ / 2;
+  std::vector<float> cos_v(static_cast<size_t>(config.max_seq_len * half));
+  std::vector<float> sin_v(cos_v.size());
+  for (int64_t i = 0; i < half; ++i) {
+    double inv_freq = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / head_dim_);
+    for (int64_t p = 0; p < config.max_seq_len; ++p) {
+      cos_v[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(p * inv_freq));
+      sin_v[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(p * inv_freq));
+    }
+  }
+  rope_cos_ = register_buffer("rope_cos", at::tensor(cos_v).view({config.max_seq_len, half}));
+  rope_sin_ = register_buffer("rope_sin", at::tensor(sin_v).view({config.max_seq_len, half}));
+
+  InitRandom(seed);
+  if (device != torch::Device(torch::kCPU)) to(device);
+}
+
+Result<std::shared_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config, uint64_t seed,
+                                                       torch::Device device) {
+  TROUPE_RETURN_IF_ERROR(config.Validate());
+  return std::make_shared<LlamaModel>(config, seed, device);
+}
+
+torch::Device LlamaModel::device() const {
+  return embed_.device();
+}
+
+void LlamaModel::InitRandom(uint64_t seed, double std) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& [name, t] : NamedWeights()) {
+    bool is_norm = name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
+    if (is_norm) {
+      t.fill_(1.0);
+    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      t.zero_();
+    } else {
+      at::Tensor r = at::empty(t.sizes(), at::kFloat);
+      r.normal_(0.0, std, gen);
+      t.copy_(r);
+    }
+  }
+}
+
+NamedTensors LlamaModel::NamedWeights() const {
+  NamedTensors out;
+  out.reserve(layers_.size() * 12 + 3);
+  out.emplace_back("model.embed_tokens.weight", embed_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    const std::string p = fmt::format("model.layers.{}.", i);
+    out.emplace_back(p + "input_layernorm.weight", l.input_norm);
+    out.emplace_back(p + "self_attn.q_proj.weight", l.qkv_w.narrow(0, 0, q_size_));
+    out.emplace_back(p + "self_attn.k_proj.weight", l.qkv_w.narrow(0, q_size_, kv_size_));
+    out.emplace_back(p + "self_attn.v_proj.weight",
+                     l.qkv_w.narrow(0, q_size_ + kv_size_, kv_size_));
+    if (l.qkv_b.defined()) {
+      out.emplace_back(p + "self_attn.q_proj.bias", l.qkv_b.narrow(0, 0, q_size_));
+      out.emplace_back(p + "self_attn.k_proj.bias", l.qkv_b.narrow(0, q_size_, kv_size_));
+      out.emplace_back(p + "self_attn.v_proj.bias",
+                       l.qkv_b.narrow(0, q_size_ + kv_size_, kv_size_));
+    }
+    out.emplace_back(p + "self_attn.o_proj.weight", l.o_w);
+    out.emplace_back(p + "post_attention_layernorm.weight", l.post_norm);
+    const int64_t f = config_.ffn_dim;
+    out.emplace_back(p + "mlp.gate_proj.weight", l.gate_up_w.narrow(0, 0, f));
+    out.emplace_back(p + "mlp.up_proj.weight", l.gate_up_w.narrow(0, f, f));
+    out.emplace_back(p + "mlp.down_proj.weight", l.down_w);
+  }
+  out.emplace_back("model.norm.weight", final_norm_);
+  if (lm_head_.defined()) out.emplace_back("lm_head.weight", lm_head_);
+  return out;
+}
+
+Status LlamaModel::LoadNamed(const NamedTensors& named, const LoadOptions& options) {
+  NamedTensors mine = NamedWeights();
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < mine.size(); ++i) index.emplace(mine[i].first, i);
+  std::vector<int> seen(mine.size(), 0);
+  std::vector<std::pair<size_t, const at::Tensor*>> plan;
+  const at::ScalarType want = ToTorchDType(config_.dtype);
+  for (const auto& [name, t] : named) {
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    auto it = index.find(name);
+    if (it == index.end()) {
+      if (name == "lm_head.weight" && config_.tie_word_embeddings)
+        return InvalidArgument(
+            "tensor 'lm_head.weight' given but the model ties its output head to the embedding "
+            "(tie_word_embeddings=true)");
+      return InvalidArgument("unexpected tensor '{}' (no such parameter in a model with {})", name,
+                             config_.ToString());
+    }
+    if (seen[it->second]++) return InvalidArgument("tensor '{}' given twice", name);
+    if (!t.defined()) return InvalidArgument("tensor '{}' is undefined", name);
+    const at::Tensor& dst = mine[it->second].second;
+    if (!t.sizes().equals(dst.sizes()))
+      return InvalidArgument("tensor '{}' has shape {}, the model expects {}", name,
+                             ShapeString(t.sizes()), ShapeString(dst.sizes()));
+    if (t.scalar_type() != want) {
+      if (!options.allow_dtype_cast || !at::isFloatingType(t.scalar_type()))
+        return InvalidArgument("tensor '{}' has dtype {}, the model expects {}", name,
+                               c10::toString(t.scalar_type()), c10::toString(want));
+    }
+    if (options.check_finite && at::isFloatingType(t.scalar_type()) && t.numel() > 0 &&
+        !t.isfinite().all().item<bool>())
+      return InvalidArgument("tensor '{}' holds NaN or Inf values", name);
+    plan.emplace_back(it->second, &t);
+  }
+  if (options.require_all) {
+    for (size_t i = 0; i < mine.size(); ++i)
+      if (!seen[i]) return NotFound("tensor '{}' is missing", mine[i].first);
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [i, src] : plan) mine[i].second.copy_(*src);
+  return Status::Ok();
+}
+
+Status LlamaModel::CheckTokens(const torch::Tensor& ids) const {
+  if (!ids.defined()) return InvalidArgument("token ids are undefined");
+  if (ids.dim() < 1 || ids.dim() > 2)
+    return InvalidArgument("token ids must be 1-D or 2-D, got shape {}", ShapeString(ids.sizes()));
+  if (at::isFloatingType(ids.scalar_type()) || ids.scalar_type() == at::kBool)
+    return InvalidArgument("token ids must be integers, got {}", c10::toString(ids.scalar_type()));
+  const int64_t len = ids.size(ids.dim() - 1);
+  if (len < 1 || len > config_.max_seq_len)
+    return InvalidArgument("sequence length {} outside [1, max_seq_len={}]", len,
+                           config_.max_seq_len);
+  at::Tensor flat = ids.reshape({-1}).to(at::kCPU, at::kLong);
+  const int64_t* p = flat.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (p[i] < 0 || p[i] >= config_.vocab_size) {
+      if (ids.dim() == 2)
+        return InvalidArgument("token id {} at row {} position {} outside the vocabulary [0, {})",
+                               p[i], i / len, i % len, config_.vocab_size);
+      return InvalidArgument("token id {} at position {} outside the vocabulary [0, {})", p[i], i,
+                             config_.vocab_size);
+    }
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------ building blocks
+
+torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const {
+  // As Hugging Face: normalise in float32, cast back, then scale.
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  return normed.to(x.scalar_type()) * w;
+}
+
+torch::Tensor LlamaModel::Rope(const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) const {
+  // cos/sin broadcast against x[..., :half]; rotate-half convention.
+  const int64_t half = head_dim_ / 2;
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor x1 = xf.narrow(-1, 0, half), x2 = xf.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
+}
+
+torch::Tensor LlamaModel::Mlp(const Layer& layer, const torch::Tensor& x) const {
+  at::Tensor gu = at::linear(x, layer.gate_up_w);
+  const int64_t f = config_.ffn_dim;
+  return at::linear(at::silu(gu.narrow(-1, 0, f)) * gu.narrow(-1, f, f), layer.down_w);
+}
+
+torch::Tensor LlamaModel::Head(const torch::Tensor& x) const {
+  return at::linear(x, lm_head_.defined() ? lm_head_ : embed_).to(at::kFloat);
+}
+
+namespace {
+
+// Attention of q [B, T, H, hd] over k, v [B, S, Hkv, hd] with an additive float mask
+// broadcastable to [B, Hkv, G, T, S]; returns [B, T, H * hd].
+at::Tensor Attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& mask, int64_t n_kv_heads) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), hd = q.size(3);
+  const int64_t S = k.size(1), G = H / n_kv_heads;
+  at::Tensor qh = q.view({B, T, n_kv_heads, G, hd})
+                      .permute({0, 2, 3, 1, 4})
+                      .reshape({B, n_kv_heads, G * T, hd});
+  at::Tensor kh = k.permute({0, 2, 1, 3});
+  at::Tensor vh = v.permute({0, 2, 1, 3});
+  at::Tensor scores = at::matmul(qh, kh.transpose(-1, -2)).to(at::kFloat) *
+                      (1.0 / std::sqrt(static_cast<double>(hd)));
+  scores = scores.view({B, n_kv_heads, G, T, S});
+  if (mask.defined()) scores = scores + mask;
+  at::Tensor p = at::softmax(scores, -1).to(q.scalar_type()).view({B, n_kv_heads, G * T, S});
+  return at::matmul(p, vh)
+      .view({B, n_kv_heads, G, T, hd})
+      .permute({0, 3, 1, 2, 4})
+      .reshape({B, T, H * hd});
+}
+
+}  // namespace
+
+torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch::Tensor& slots) {
+  const int64_t B = x.size(0), T = x.size(1), half = head_dim_ / 2;
+  const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads;
+  at::Tensor cos = rope_cos_.narrow(0, 0, T).view({1, T, 1, half});
+  at::Tensor sin = rope_sin_.narrow(0, 0, T).view({1, T, 1, half});
+  at::Tensor mask;
+  if (T > 1)
+    mask = at::full({T, T}, -std::numeric_limits<float>::infinity(),
+                    at::TensorOptions().dtype(at::kFloat).device(x.device()))
+               .triu(1);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& layer = layers_[li];
+    at::Tensor qkv = at::linear(RmsNorm(x, layer.input_norm), layer.qkv_w, layer.qkv_b);
+    at::Tensor q = Rope(qkv.narrow(-1, 0, q_size_).view({B, T, H, head_dim_}), cos, sin);
+    at::Tensor k = Rope(qkv.narrow(-1, q_size_, kv_size_).view({B, T, Hkv, head_dim_}), cos, sin);
+    at::Tensor v = qkv.narrow(-1, q_size_ + kv_size_, kv_size_).view({B, T, Hkv, head_dim_});
+    if (cache != nullptr) {
+      cache->k(static_cast<int64_t>(li))
+          .narrow(2, 0, T)
+          .index_copy_(0, slots, k.permute({0, 2, 1, 3}));
+      cache->v(static_cast<int64_t>(li))
+          .narrow(2, 0, T)
+          .index_copy_(0, slots, v.permute({0, 2, 1, 3}));
+    }
+    x = x + at::linear(Attend(q, k, v, mask, Hkv), layer.o_w);
+    x = x + Mlp(layer, RmsNorm(x, layer.post_norm));
+  }
+  return x;
+}
+
+// ------------------------------------------------------------------ forward paths
+
+torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
+  TORCH_CHECK(ids_in.dim() == 2, "Forward expects ids [B, T], got ", ids_in.sizes());
+  const int64_t T = ids_in.size(1);
+  TORCH_CHECK(T >= 1 && T <= config_.max_seq_len, "sequence length ", T,
+              " outside [1, max_seq_len=", config_.max_seq_len, "]");
+  at::Tensor ids = ids_in.to(embed_.device(), at::kLong);
+  at::Tensor x = at::embedding(embed_, ids);
+  x = RunLayers(x, nullptr, at::Tensor());
+  return Head(RmsNorm(x, final_norm_));
+}
+
+torch::Tensor LlamaModel::Prefill(const torch::Tensor& ids, const torch::Tensor& lengths,
+                                  const torch::Tensor& slots, KvCache& cache) {
+  TORCH_CHECK(ids.dim() == 2, "Prefill expects ids [P, T], got ", ids.sizes());
+  const int64_t P = ids.size(0), T = ids.size(1);
+  TORCH_CHECK(T >= 1 && T <= cache.max_len() && T <= config_.max_seq_len, "prefill length ", T,
+              " exceeds the cache length ", cache.max_len());
+  TORCH_CHECK(lengths.numel() == P && slots.numel() == P);
+  at::Tensor x = at::embedding(embed_, ids);
+  x = RunLayers(x, &cache, slots);
+  at::Tensor rows = at::arange(P, lengths.options()) * T + (lengths - 1);
+  at::Tensor last = x.reshape({P * T, config_.d_model}).index_select(0, rows);
+  return Head(RmsNorm(last, final_norm_));
+}
+
+torch::Tensor LlamaModel::Decode(const torch::Tensor& tokens, const torch::Tensor& positions,
+                                 int64_t attn_len, KvCache& cache, bool fused_cpu) {
+  const int64_t n = tokens.numel();
+  TORCH_CHECK(n >= 1 && n <= cache.num_slots() && positions.numel() == n, "decode of ", n,
+              " rows with a cache of ", cache.num_slots(), " slots");
+  TORCH_CHECK(attn_len >= 1 && attn_len <= cache.max_len());
+  const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, half = head_dim_ / 2;
+  at::Tensor x = embed_.index_select(0, tokens);
+  if (fused_cpu && x.device().is_cpu()) {
+    at::Tensor attn = at::empty({n, q_size_}, x.options());
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const Layer& layer = layers_[li];
+      at::Tensor h = cpu::RmsNormRows(x, layer.input_norm, config_.rms_norm_eps);
+      at::Tensor qkv = layer.qkv_b.defined() ? at::addmm(layer.qkv_b, h, layer.qkv_w.t())
+                                             : at::mm(h, layer.qkv_w.t());
+      cpu::DecodeAttention(qkv, positions, rope_cos_, rope_sin_, cache.k(static_cast<int64_t>(li)),
+                           cache.v(static_cast<int64_t>(li)), H, Hkv, head_dim_, attn);
+      x = at::addmm(x, attn, layer.o_w.t());
+      h = cpu::RmsNormRows(x, layer.post_norm, config_.rms_norm_eps);
+      x = at::addmm(x, cpu::SiluMulRows(at::mm(h, layer.gate_up_w.t())), layer.down_w.t());
+    }
+    return Head(cpu::RmsNormRows(x, final_norm_, config_.rms_norm_eps));
+  }
+  // Generic path (any device): plain torch ops.
+  const int64_t G = H / Hkv;
+  at::Tensor cos = rope_cos_.index_select(0, positions).view({n, 1, half});
+  at::Tensor sin = rope_sin_.index_select(0, positions).view({n, 1, half});
+  at::Tensor future =
+      at::arange(attn_len, positions.options()).unsqueeze(0).gt(positions.unsqueeze(1));
+  at::Tensor mask =
+      at::zeros({n, attn_len}, at::TensorOptions().dtype(at::kFloat).device(x.device()))
+          .masked_fill_(future, -std::numeric_limits<float>::infinity())
+          .view({n, 1, 1, attn_len});
+  at::Tensor rows = at::arange(n, positions.options());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& layer = layers_[li];
+    at::Tensor qkv = at::linear(RmsNorm(x, layer.input_norm), layer.qkv_w, layer.qkv_b);
+    at::Tensor q = Rope(qkv.narrow(1, 0, q_size_).view({n, H, head_dim_}), cos, sin);
+    at::Tensor k = Rope(qkv.narrow(1, q_size_, kv_size_).view({n, Hkv, head_dim_}), cos, sin);
+    at::Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_).view({n, Hkv, head_dim_});
+    at::Tensor kc = cache.k(static_cast<int64_t>(li)), vc = cache.v(static_cast<int64_t>(li));
+    // [S, Hkv, L, hd] viewed as [S, L, Hkv, hd]: (slot, position) indexes one [Hkv, hd] row.
+    kc.permute({0, 2, 1, 3}).index_put_({rows, positions}, k);
+    vc.permute({0, 2, 1, 3}).index_put_({rows, positions}, v);
+    at::Tensor K = kc.narrow(0, 0, n).narrow(2, 0, attn_len);
+    at::Tensor V = vc.narrow(0, 0, n).narrow(2, 0, attn_len);
+    at::Tensor scores =
+        at::matmul(q.view({n, Hkv, G, head_dim_}), K.transpose(-1, -2)).to(at::kFloat) * scale;
+    at::Tensor p = at::softmax(scores + mask, -1).to(x.scalar_type());
+    at::Tensor attn = at::matmul(p, V).reshape({n, q_size_});
+    x = x + at::linear(attn, layer.o_w);
+    x = x + Mlp(layer, RmsNorm(x, layer.post_norm));
+  }
+  return Head(RmsNorm(x, final_norm_));
+}
+
+}  // namespace troupe::engine
