@@ -1,0 +1,80 @@
+// The tool-call format the policy writes, its parser, and typed argument
+// readers for tool implementations.
+//
+// Format (one call per assistant turn):
+//
+//   <tool>NAME</tool>                    a call without arguments
+//   <tool>NAME {"key": value, ...}</tool>  arguments as one JSON object
+//
+// NAME is 1-32 characters of [a-z0-9_] starting with a letter. Whitespace is
+// allowed around NAME and the arguments. Text before the first "<tool>" is
+// ignored (room for reasoning); so is text after the call's "</tool>". The
+// closing tag is found after the JSON object, so argument strings may contain
+// "</tool>". Arguments are limited to kMaxToolArgsBytes bytes and
+// kMaxToolArgsDepth levels of nesting.
+//
+// The parser never throws: a turn yields no call, a malformed call (with a
+// message the model is shown), or a call. The argument readers check types and
+// ranges and return errors that name the argument. Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "troupe/core/status.h"
+
+namespace troupe::envs {
+
+inline constexpr std::string_view kToolOpen = "<tool>";
+inline constexpr std::string_view kToolClose = "</tool>";
+inline constexpr size_t kMaxToolNameChars = 32;
+inline constexpr size_t kMaxToolArgsBytes = 64 * 1024;
+inline constexpr int kMaxToolArgsDepth = 32;
+
+struct ToolCall {
+  std::string name;
+  nlohmann::json args = nlohmann::json::object();  // always an object
+  // name + " " + compact args with sorted keys: equal for identical calls.
+  std::string canonical;
+};
+
+struct ParsedTurn {
+  enum class Kind {
+    kNoCall,     // the turn has no "<tool>" (and nothing that looks like one)
+    kMalformed,  // a call was attempted but cannot be parsed; see `error`
+    kCall,       // `call` is valid
+  };
+  Kind kind = Kind::kNoCall;
+  ToolCall call;
+  std::string error;  // for kMalformed: what is wrong, shown to the model
+};
+
+// Parses the first tool call of an assistant turn.
+ParsedTurn ParseToolCall(std::string_view turn_text);
+
+// Writes a call in the format above (for demonstrations and tests).
+std::string FormatToolCall(std::string_view name,
+                           const nlohmann::json& args = nlohmann::json::object());
+
+// Compact JSON that never throws on invalid UTF-8 (bad bytes become U+FFFD).
+std::string SafeDump(const nlohmann::json& value);
+
+// ---- argument readers for tool implementations (messages name the argument)
+
+// InvalidArgument when `args` has a key outside `allowed`.
+Status CheckArgKeys(const nlohmann::json& args, std::initializer_list<std::string_view> allowed);
+// A required string argument of at most `max_bytes` bytes.
+Result<std::string> StringArg(const nlohmann::json& args, std::string_view key, size_t max_bytes);
+// An optional string argument (absent or null: nullopt).
+Result<std::optional<std::string>> OptStringArg(const nlohmann::json& args, std::string_view key,
+                                                size_t max_bytes);
+// An optional integer argument in [lo, hi]; floats, huge values, strings are errors.
+Result<std::optional<int64_t>> OptIntArg(const nlohmann::json& args, std::string_view key,
+                                         int64_t lo, int64_t hi);
+
+}  // namespace troupe::envs

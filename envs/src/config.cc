@@ -1,0 +1,171 @@
+#include "troupe/envs/config.h"
+
+#include <algorithm>
+#include <set>
+
+namespace troupe::envs {
+namespace {
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-' || c == '.';
+}
+
+Status CheckName(const char* what, const std::string& name) {
+  if (name.empty()) return InvalidArgument("{} is empty", what);
+  if (name.size() > 64) return InvalidArgument("{} '{}' is longer than 64 characters", what, name);
+  for (char c : name) {
+    if (!IsNameChar(c))
+      return InvalidArgument("{} '{}' has character '{}'; use letters, digits, '_', '-', '.'", what,
+                             name, c);
+  }
+  return Status::Ok();
+}
+
+Status CheckRange(const char* field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi)
+    return InvalidArgument("{} = {} is outside [{}, {}]", field, value, lo, hi);
+  return Status::Ok();
+}
+
+std::string JoinKinds() {
+  std::string out;
+  for (const auto& k : BuiltinTaskKinds()) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& BuiltinTaskKinds() {
+  static const std::vector<std::string> kinds = {
+      "reverse", "sort", "add", "word_problem", "jsonl", "file_reverse", "file_sort", "wordle"};
+  return kinds;
+}
+
+bool IsMultiTurnKind(const std::string& kind) {
+  return kind == "file_reverse" || kind == "file_sort" || kind == "wordle";
+}
+
+Status WorkspaceConfig::Validate() const {
+  if (root.empty() || root[0] != '/')
+    return InvalidArgument("workspace.root '{}' must be an absolute directory path", root);
+  TROUPE_RETURN_IF_ERROR(
+      CheckRange("workspace.max_file_bytes", max_file_bytes, 1, int64_t{1} << 30));
+  TROUPE_RETURN_IF_ERROR(
+      CheckRange("workspace.max_total_bytes", max_total_bytes, max_file_bytes, int64_t{1} << 34));
+  TROUPE_RETURN_IF_ERROR(CheckRange("workspace.max_files", max_files, 1, 100000));
+  TROUPE_RETURN_IF_ERROR(CheckRange("workspace.max_path_chars", max_path_chars, 1, 4096));
+  TROUPE_RETURN_IF_ERROR(CheckRange("workspace.max_depth", max_depth, 1, 64));
+  TROUPE_RETURN_IF_ERROR(CheckRange("workspace.max_list_entries", max_list_entries, 1, 100000));
+  return Status::Ok();
+}
+
+Status TaskConfig::Validate() const {
+  TROUPE_RETURN_IF_ERROR(CheckName("task name", name));
+  const std::string& k = effective_kind();
+  const auto& kinds = BuiltinTaskKinds();
+  if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) {
+    return InvalidArgument("task '{}': kind '{}' is not a built-in kind ({}){}", name, k,
+                           JoinKinds(), kind.empty() ? "; set `kind` when the name differs" : "");
+  }
+  auto ctx = [this](Status s) { return s.WithContext(fmt::format("task '{}'", name)); };
+  Status s = CheckRange("eval_size", eval_size, 0, 1000000);
+  if (!s.ok()) return ctx(s);
+  if (scoring != "exact" && scoring != "partial" && scoring != "external")
+    return InvalidArgument("task '{}': scoring '{}' is not one of exact, partial, external", name,
+                           scoring);
+  if (scoring == "external" && IsMultiTurnKind(k))
+    return InvalidArgument(
+        "task '{}': scoring 'external' is not supported for the multi-turn kind '{}' (its "
+        "environment scores the episode in the rollout actor)",
+        name, k);
+  if (!service.empty() && scoring != "external")
+    return InvalidArgument(
+        "task '{}': service '{}' is set but scoring is '{}'; services are used "
+        "only with scoring: external",
+        name, service, scoring);
+  if (!service.empty()) TROUPE_RETURN_IF_ERROR(ctx(CheckName("service", service)));
+  if (prompt_style != "compact" && prompt_style != "verbose")
+    return InvalidArgument("task '{}': prompt_style '{}' is not one of compact, verbose", name,
+                           prompt_style);
+  if (min_len < 1 || max_len < min_len || max_len > 32)
+    return InvalidArgument(
+        "task '{}': min_len = {}, max_len = {} must satisfy 1 <= min_len <= "
+        "max_len <= 32",
+        name, min_len, max_len);
+  if (min_digits < 1 || max_digits < min_digits || max_digits > 18)
+    return InvalidArgument(
+        "task '{}': min_digits = {}, max_digits = {} must satisfy 1 <= "
+        "min_digits <= max_digits <= 18",
+        name, min_digits, max_digits);
+  s = CheckRange("max_number", max_number, 2, 1000);
+  if (!s.ok()) return ctx(s);
+  if (word_length != 4 && word_length != 5)
+    return InvalidArgument("task '{}': word_length = {} must be 4 or 5", name, word_length);
+  if (k == "jsonl" && path.empty())
+    return InvalidArgument("task '{}': kind jsonl needs `path` (a JSONL file)", name);
+  if (k != "jsonl" && !path.empty())
+    return InvalidArgument("task '{}': `path` is only used by kind jsonl (kind is '{}')", name, k);
+  if (k == "file_reverse" || k == "file_sort") TROUPE_RETURN_IF_ERROR(ctx(workspace.Validate()));
+  return Status::Ok();
+}
+
+Status EpisodeConfig::Validate() const {
+  TROUPE_RETURN_IF_ERROR(CheckRange("episode.max_turns", max_turns, 1, 1000));
+  TROUPE_RETURN_IF_ERROR(
+      CheckRange("episode.max_response_tokens", max_response_tokens, 2, int64_t{1} << 20));
+  TROUPE_RETURN_IF_ERROR(
+      CheckRange("episode.max_turn_tokens", max_turn_tokens, 1, max_response_tokens));
+  TROUPE_RETURN_IF_ERROR(
+      CheckRange("episode.max_tool_output_chars", max_tool_output_chars, 16, int64_t{1} << 20));
+  return Status::Ok();
+}
+
+Status RewardServiceConfig::Validate() const {
+  TROUPE_RETURN_IF_ERROR(CheckName("reward service name", name));
+  auto ctx = [this](Status s) { return s.WithContext(fmt::format("reward service '{}'", name)); };
+  std::string_view u = url;
+  size_t scheme = u.rfind("http://", 0) == 0 ? 7 : (u.rfind("https://", 0) == 0 ? 8 : 0);
+  if (scheme == 0 || u.size() <= scheme || u[scheme] == '/')
+    return InvalidArgument("reward service '{}': url '{}' must look like http://host:port/verify",
+                           name, url);
+  for (char c : url) {
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+      return InvalidArgument("reward service '{}': url '{}' contains a space or control character",
+                             name, url);
+  }
+  Status s = CheckRange("timeout_ms", timeout_ms, 1, 600000);
+  if (s.ok()) s = CheckRange("max_attempts", max_attempts, 1, 20);
+  if (s.ok()) s = CheckRange("backoff_ms", backoff_ms, 0, 60000);
+  if (s.ok()) s = CheckRange("max_backoff_ms", max_backoff_ms, backoff_ms, 600000);
+  return s.ok() ? s : ctx(s);
+}
+
+Status RewardClientConfig::Validate() const {
+  std::set<std::string> names;
+  for (const auto& svc : services) {
+    TROUPE_RETURN_IF_ERROR(svc.Validate());
+    if (!names.insert(svc.name).second)
+      return InvalidArgument("reward service '{}' is defined twice", svc.name);
+  }
+  if (!default_service.empty() && !names.count(default_service))
+    return InvalidArgument("default_service '{}' is not one of the configured services",
+                           default_service);
+  TROUPE_RETURN_IF_ERROR(CheckRange("reward.call_timeout_ms", call_timeout_ms, 1, 3600000));
+  TROUPE_RETURN_IF_ERROR(CheckRange("reward.connect_timeout_ms", connect_timeout_ms, 1, 600000));
+  TROUPE_RETURN_IF_ERROR(CheckRange("reward.max_concurrency", max_concurrency, 1, 1024));
+  TROUPE_RETURN_IF_ERROR(
+      CheckRange("reward.max_response_bytes", max_response_bytes, 16, int64_t{64} << 20));
+  return Status::Ok();
+}
+
+Status ValidateTasks(const std::vector<TaskConfig>& tasks) {
+  std::set<std::string> names;
+  for (const auto& t : tasks) {
+    TROUPE_RETURN_IF_ERROR(t.Validate());
+    if (!names.insert(t.name).second) return InvalidArgument("task '{}' is defined twice", t.name);
+  }
+  return Status::Ok();
+}
+
+}  // namespace troupe::envs

@@ -1,0 +1,74 @@
+// Base of the built-in generated tasks (private): a deterministic prompt
+// stream with a disjoint held-out split.
+#pragma once
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "rng.h"
+#include "troupe/envs/config.h"
+#include "troupe/envs/task.h"
+
+namespace troupe::envs::detail {
+
+struct GeneratedSample {
+  std::string key;        // identity of the problem (split disjointness is on keys)
+  std::string user;       // user message text
+  std::string reference;  // expected answer
+  std::string metadata;   // JSON object text or ""
+};
+
+class GeneratedTask : public Task {
+ public:
+  explicit GeneratedTask(TaskConfig config) : config_(std::move(config)) {}
+
+  // Builds the held-out split; call once before use. Fails when the problem
+  // space is too small for eval_size.
+  Status Init();
+
+  const std::string& name() const override { return config_.name; }
+  uint64_t size(Split split) const override;
+  Prompt GetPrompt(Split split, uint64_t index) const override;
+  // exact: ExactMatch; partial: PartialCredit(); external: a failure.
+  VerifyResult Verify(const VerifyInput& input) const override;
+  // One assistant message holding the reference.
+  Result<Conversation> Demonstration(const Prompt& prompt) const override;
+  bool local_verifier() const override { return config_.scoring != "external"; }
+
+ protected:
+  // Draws one problem. Must be a pure function of the rng state.
+  virtual GeneratedSample Generate(Rng& rng) const = 0;
+  // Number of distinct keys Generate can produce (an estimate is fine when large).
+  virtual double SpaceSize() const = 0;
+  virtual double PartialCredit(std::string_view response, std::string_view reference) const {
+    return PositionalCredit(response, reference);
+  }
+  // The opening messages of a prompt (default: one user message).
+  virtual Conversation OpeningMessages(const GeneratedSample& sample) const;
+
+  const TaskConfig& config() const { return config_; }
+  bool compact() const { return config_.prompt_style == "compact"; }
+
+ private:
+  GeneratedSample TrainSample(uint64_t index) const;
+
+  TaskConfig config_;
+  std::vector<GeneratedSample> eval_;
+  std::unordered_set<std::string> eval_keys_;
+};
+
+// A random lowercase word with a length in [min_len, max_len].
+std::string RandomWord(Rng& rng, int64_t min_len, int64_t max_len);
+// Number of lowercase words with lengths in [min_len, max_len].
+double WordSpace(int64_t min_len, int64_t max_len);
+
+// Factories of the built-in kinds (tasks.cc dispatches on the kind).
+Result<std::unique_ptr<Task>> MakeTextTask(
+    const TaskConfig& config);  // reverse sort add word_problem
+Result<std::unique_ptr<Task>> MakeWorkspaceTask(
+    const TaskConfig& config);                                           // file_reverse file_sort
+Result<std::unique_ptr<Task>> MakeWordleTask(const TaskConfig& config);  // wordle
+Result<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& config);   // jsonl
+
+}  // namespace troupe::envs::detail

@@ -1,0 +1,89 @@
+#include "troupe/envs/task.h"
+
+#include "generated_task.h"
+#include "troupe/envs/tasks.h"
+
+namespace troupe::envs {
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kSystem:
+      return "system";
+    case Role::kUser:
+      return "user";
+    case Role::kAssistant:
+      return "assistant";
+    case Role::kTool:
+      return "tool";
+  }
+  return "unknown";
+}
+
+Result<Role> ParseRole(std::string_view name) {
+  if (name == "system") return Role::kSystem;
+  if (name == "user") return Role::kUser;
+  if (name == "assistant") return Role::kAssistant;
+  if (name == "tool") return Role::kTool;
+  std::string shown(name.substr(0, 40));
+  return InvalidArgument("role '{}' is not one of system, user, assistant, tool", shown);
+}
+
+const char* SplitName(Split split) {
+  return split == Split::kTrain ? "train" : "eval";
+}
+
+Result<std::unique_ptr<Environment>> Task::NewEnvironment(const Prompt& prompt) const {
+  return InvalidArgument("task '{}' is single-turn; it has no environment", name());
+}
+
+Result<std::string> Task::ExpertTurn(const Prompt& prompt, const Conversation& transcript) const {
+  return NotFound("task '{}' has no scripted expert", name());
+}
+
+std::string ToolInstructions(const std::vector<ToolSpec>& tools) {
+  std::string out =
+      "Call one tool per turn by writing <tool>name {json arguments}</tool>. Tools:\n";
+  for (const auto& t : tools) out += fmt::format("- {} {}: {}\n", t.name, t.usage, t.description);
+  return out;
+}
+
+Result<std::unique_ptr<Task>> MakeTask(const TaskConfig& config) {
+  TROUPE_RETURN_IF_ERROR(config.Validate());
+  const std::string& kind = config.effective_kind();
+  if (kind == "jsonl") return detail::MakeJsonlTask(config);
+  if (kind == "file_reverse" || kind == "file_sort") return detail::MakeWorkspaceTask(config);
+  if (kind == "wordle") return detail::MakeWordleTask(config);
+  return detail::MakeTextTask(config);
+}
+
+Result<std::shared_ptr<const TaskRegistry>> TaskRegistry::Create(
+    const std::vector<TaskConfig>& configs) {
+  TROUPE_RETURN_IF_ERROR(ValidateTasks(configs));
+  auto registry = std::make_shared<TaskRegistry>();
+  for (const auto& c : configs) {
+    TROUPE_ASSIGN_OR_RETURN(auto task, MakeTask(c));
+    TROUPE_RETURN_IF_ERROR(registry->Add(std::move(task)));
+  }
+  return std::shared_ptr<const TaskRegistry>(std::move(registry));
+}
+
+Status TaskRegistry::Add(std::unique_ptr<Task> task) {
+  if (!task) return InvalidArgument("TaskRegistry::Add: null task");
+  std::string name = task->name();
+  if (tasks_.count(name)) return AlreadyExists("task '{}' is already registered", name);
+  tasks_.emplace(std::move(name), std::move(task));
+  return Status::Ok();
+}
+
+const Task* TaskRegistry::Find(std::string_view name) const {
+  auto it = tasks_.find(name);
+  return it == tasks_.end() ? nullptr : it->second.get();
+}
+
+std::vector<std::string> TaskRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, task] : tasks_) out.push_back(name);
+  return out;
+}
+
+}  // namespace troupe::envs

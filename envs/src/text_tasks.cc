@@ -1,0 +1,145 @@
+// Single-turn built-in tasks of graded difficulty: reverse < sort < add < word_problem.
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "generated_task.h"
+
+namespace troupe::envs::detail {
+namespace {
+
+// Reverse a lowercase word: "abc" -> "cba".
+class ReverseTask final : public GeneratedTask {
+ public:
+  using GeneratedTask::GeneratedTask;
+
+ protected:
+  GeneratedSample Generate(Rng& rng) const override {
+    std::string w = RandomWord(rng, config().min_len, config().max_len);
+    std::string rev(w.rbegin(), w.rend());
+    std::string user = compact() ? w : "Reverse the string: " + w;
+    return {w, std::move(user), std::move(rev), ""};
+  }
+  double SpaceSize() const override { return WordSpace(config().min_len, config().max_len); }
+};
+
+// Sort the letters of a word: "sort dcab" -> "abcd".
+class SortTask final : public GeneratedTask {
+ public:
+  using GeneratedTask::GeneratedTask;
+
+ protected:
+  GeneratedSample Generate(Rng& rng) const override {
+    std::string w = RandomWord(rng, config().min_len, config().max_len);
+    std::string sorted = w;
+    std::sort(sorted.begin(), sorted.end());
+    std::string user = compact() ? "sort " + w : "Sort the letters of " + w + " alphabetically.";
+    return {w, std::move(user), std::move(sorted), ""};
+  }
+  double SpaceSize() const override { return WordSpace(config().min_len, config().max_len); }
+};
+
+int64_t Pow10(int64_t d) {
+  int64_t p = 1;
+  for (int64_t i = 0; i < d; ++i) p *= 10;
+  return p;
+}
+
+// Multi-digit addition: "12+345" -> "357".
+class AddTask final : public GeneratedTask {
+ public:
+  using GeneratedTask::GeneratedTask;
+
+ protected:
+  int64_t Operand(Rng& rng) const {
+    int64_t d = rng.Uniform(config().min_digits, config().max_digits);
+    int64_t lo = d == 1 ? 0 : Pow10(d - 1);
+    return rng.Uniform(lo, Pow10(d) - 1);
+  }
+  GeneratedSample Generate(Rng& rng) const override {
+    int64_t a = Operand(rng), b = Operand(rng);
+    std::string key = fmt::format("{}+{}", a, b);
+    std::string user = compact() ? key : fmt::format("What is {} + {}?", a, b);
+    return {key, std::move(user), std::to_string(a + b), ""};
+  }
+  double SpaceSize() const override {
+    int64_t lo = config().min_digits == 1 ? 0 : Pow10(config().min_digits - 1);
+    double n = static_cast<double>(Pow10(config().max_digits) - lo);
+    return n * n;
+  }
+  double PartialCredit(std::string_view response, std::string_view reference) const override {
+    return RightAlignedCredit(response, reference);
+  }
+};
+
+// Simple arithmetic word problems with one operation each.
+class WordProblemTask final : public GeneratedTask {
+ public:
+  using GeneratedTask::GeneratedTask;
+
+ protected:
+  static constexpr std::array<const char*, 8> kNames = {"ann", "bob", "cal", "dee",
+                                                        "eli", "fay", "gus", "ivy"};
+  static constexpr std::array<const char*, 8> kItems = {"apples", "pens",  "books",  "eggs",
+                                                        "cards",  "coins", "shells", "stamps"};
+  int64_t SmallMax() const {
+    return std::max<int64_t>(2, std::min<int64_t>(config().max_number, 9));
+  }
+
+  GeneratedSample Generate(Rng& rng) const override {
+    const char* who = kNames[static_cast<size_t>(rng.Uniform(0, kNames.size() - 1))];
+    const char* item = kItems[static_cast<size_t>(rng.Uniform(0, kItems.size() - 1))];
+    int64_t max = config().max_number;
+    int64_t kind = rng.Uniform(0, 3);
+    std::string text;
+    int64_t answer = 0;
+    if (kind == 0) {
+      int64_t a = rng.Uniform(1, max), b = rng.Uniform(1, max);
+      text = fmt::format("{} has {} {} and buys {} more. how many {} now?", who, a, item, b, item);
+      answer = a + b;
+    } else if (kind == 1) {
+      int64_t a = rng.Uniform(1, max), b = rng.Uniform(1, a);
+      text = fmt::format("{} has {} {} and gives away {}. how many are left?", who, a, item, b);
+      answer = a - b;
+    } else if (kind == 2) {
+      int64_t a = rng.Uniform(2, SmallMax()), b = rng.Uniform(2, SmallMax());
+      text = fmt::format("{} buys {} bags of {} {}. how many {}?", who, a, b, item, item);
+      answer = a * b;
+    } else {
+      int64_t q = rng.Uniform(2, SmallMax()), b = rng.Uniform(2, SmallMax());
+      text = fmt::format("{} shares {} {} among {} friends. how many does each get?", who, q * b,
+                         item, b);
+      answer = q;
+    }
+    return {text, text, std::to_string(answer), ""};
+  }
+  double SpaceSize() const override {
+    double m = static_cast<double>(config().max_number);
+    double s = static_cast<double>(SmallMax() - 1);
+    return static_cast<double>(kNames.size() * kItems.size()) *
+           (m * m + m * (m + 1) / 2 + 2 * s * s);
+  }
+  double PartialCredit(std::string_view response, std::string_view reference) const override {
+    return RightAlignedCredit(response, reference);
+  }
+};
+
+template <typename T>
+Result<std::unique_ptr<Task>> Build(const TaskConfig& config) {
+  auto task = std::make_unique<T>(config);
+  TROUPE_RETURN_IF_ERROR(task->Init());
+  return std::unique_ptr<Task>(std::move(task));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Task>> MakeTextTask(const TaskConfig& config) {
+  const std::string& kind = config.effective_kind();
+  if (kind == "reverse") return Build<ReverseTask>(config);
+  if (kind == "sort") return Build<SortTask>(config);
+  if (kind == "add") return Build<AddTask>(config);
+  if (kind == "word_problem") return Build<WordProblemTask>(config);
+  return InvalidArgument("task '{}': '{}' is not a single-turn text kind", config.name, kind);
+}
+
+}  // namespace troupe::envs::detail
