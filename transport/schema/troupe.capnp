@@ -256,6 +256,7 @@ struct Ack {
   seqs @0 :List(UInt64);       # processed successfully (or duplicates of processed ones)
   rejected @1 :List(Rejection);
   receiverIncarnation @2 :UInt64;
+  deliveredThrough @3 :UInt64; # every seq below this was delivered to the receiving application (maybe not yet processed); 0 = unknown
 }
 
 struct Rejection {
