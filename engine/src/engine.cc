@@ -1,0 +1,724 @@
+#include "troupe/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include "sampler.h"
+#include "troupe/core/check.h"
+#include "troupe/core/log.h"
+#include "troupe/engine/logprob.h"
+
+namespace troupe::engine {
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kRejected:
+      return "rejected";
+    case FinishReason::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+GenerateRequest ContinueRequest(const GenerationResult& previous,
+                                const std::vector<int32_t>& env_tokens,
+                                const SamplingParams& sampling) {
+  GenerateRequest r;
+  r.prompt = previous.prompt_ids;
+  r.response_prefix = previous.response_ids;
+  r.response_prefix_mask = previous.mask;
+  r.response_prefix_logprobs = previous.logprobs;
+  r.response_prefix_versions = previous.token_versions;
+  // Keep the parallel arrays aligned even if the previous result was built by hand.
+  r.response_prefix_mask.resize(r.response_prefix.size(), 0);
+  r.response_prefix_logprobs.resize(r.response_prefix.size(), 0.f);
+  r.response_prefix_versions.resize(r.response_prefix.size(), 0);
+  for (int32_t t : env_tokens) {
+    r.response_prefix.push_back(t);
+    r.response_prefix_mask.push_back(0);
+    r.response_prefix_logprobs.push_back(0.f);
+    r.response_prefix_versions.push_back(0);
+  }
+  r.sampling = sampling;
+  r.tag = previous.tag;
+  return r;
+}
+
+Status CheckNoRejections(const std::vector<GenerationResult>& results) {
+  for (const GenerationResult& r : results) {
+    if (r.finish_reason == FinishReason::kRejected || r.finish_reason == FinishReason::kAborted)
+      return InvalidArgument("request {} (tag {}) {}: {}", r.request_index, r.tag,
+                             FinishReasonName(r.finish_reason), r.reject_reason);
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------ internal state
+
+// Completion state of one Generate() call or one Submit().
+struct Engine::Batch {
+  std::vector<GenerationResult> results;
+  size_t remaining = 0;  // samples not yet finished (engine thread)
+  Callback done;         // Submit only
+  bool pinned = false;   // Generate: holds a version pin until finished
+  std::atomic<bool> cancelled{false};
+  // Written by the engine thread before `finished` is set under mu_.
+  Status abort_status;
+  bool finished = false;  // guarded by Engine::mu_
+};
+
+// One request of a batch.
+struct Engine::Work {
+  GenerateRequest req;
+  std::shared_ptr<Batch> batch;
+  size_t offset = 0;  // index of sample 0 in batch->results
+  int32_t admitted = 0;
+  bool checked = false;
+};
+
+// One sample occupying a KV slot.
+struct Engine::Seq {
+  std::shared_ptr<Work> work;
+  GenerationResult* out = nullptr;
+  Rng rng;
+  int32_t slot = 0;
+  int32_t pos = 0;         // position of next_token in the sequence
+  int32_t next_token = 0;  // last sampled token, fed at the next decode step
+  int32_t new_tokens = 0;
+  float temperature = 1.f;  // EffectiveTemperature of the request
+};
+
+// Engine-thread state: never touched by other threads.
+class Engine::Loop {
+ public:
+  Loop(const EngineConfig& config, LlamaModel& model, torch::Device device)
+      : config(config),
+        model(model),
+        device(device),
+        cache(config.model, config.num_slots, config.CacheLen(), device),
+        slots(static_cast<size_t>(config.num_slots)),
+        tokens(at::zeros({config.num_slots}, at::kLong)),
+        positions(at::zeros({config.num_slots}, at::kLong)),
+        temps(at::ones({config.num_slots, 1}, at::kFloat)) {}
+
+  const EngineConfig& config;
+  LlamaModel& model;
+  torch::Device device;
+  KvCache cache;
+  std::vector<std::unique_ptr<Seq>> slots;  // null = free
+  std::deque<std::shared_ptr<Work>> pending;
+  at::Tensor tokens, positions, temps;  // CPU staging buffers, [num_slots]
+  std::vector<int32_t> scratch;
+  std::vector<std::shared_ptr<Batch>> completed;  // finished during this iteration
+  int active = 0;
+  uint64_t step_version = 0;
+  // Counters since the last flush into Engine::stats_.
+  EngineStats delta;
+};
+
+namespace {
+
+auto& Log() {
+  return log::Get("engine");
+}
+
+// Why a request cannot run, or "" if it can.
+std::string CheckRequest(const GenerateRequest& r, const EngineConfig& c) {
+  Status st = r.sampling.Validate();
+  if (!st.ok()) return st.message();
+  if (r.prompt.empty()) return "empty prompt";
+  const size_t np = r.response_prefix.size();
+  if (!r.response_prefix_mask.empty() && r.response_prefix_mask.size() != np)
+    return fmt::format("response_prefix_mask has {} entries for {} prefix tokens",
+                       r.response_prefix_mask.size(), np);
+  if (!r.response_prefix_logprobs.empty() && r.response_prefix_logprobs.size() != np)
+    return fmt::format("response_prefix_logprobs has {} entries for {} prefix tokens",
+                       r.response_prefix_logprobs.size(), np);
+  if (!r.response_prefix_versions.empty() && r.response_prefix_versions.size() != np)
+    return fmt::format("response_prefix_versions has {} entries for {} prefix tokens",
+                       r.response_prefix_versions.size(), np);
+  const int64_t vocab = c.model.vocab_size;
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab)
+      return fmt::format("prompt token {} at position {} is outside the vocabulary [0, {})",
+                         r.prompt[i], i, vocab);
+  for (size_t i = 0; i < np; ++i)
+    if (r.response_prefix[i] < 0 || r.response_prefix[i] >= vocab)
+      return fmt::format(
+          "response_prefix token {} at position {} is outside the vocabulary [0, {})",
+          r.response_prefix[i], i, vocab);
+  for (int32_t s : r.sampling.stop_token_ids)
+    if (s >= vocab)
+      return fmt::format("stop token id {} is outside the vocabulary [0, {})", s, vocab);
+  const size_t ctx = r.prompt.size() + np;
+  if (ctx >= static_cast<size_t>(c.CacheLen())) {
+    if (np == 0)
+      return fmt::format(
+          "prompt of {} tokens does not fit: the KV cache holds {} positions per sequence "
+          "(max_seq_len), leaving no room for a new token",
+          r.prompt.size(), c.CacheLen());
+    return fmt::format(
+        "context of {} tokens ({} prompt + {} response prefix) does not fit: the KV cache holds "
+        "{} positions per sequence (max_seq_len), leaving no room for a new token",
+        ctx, r.prompt.size(), np, c.CacheLen());
+  }
+  return "";
+}
+
+// Restores the module's train/eval mode on scope exit.
+class EvalModeGuard {
+ public:
+  explicit EvalModeGuard(torch::nn::Module& m) : m_(m), was_training_(m.is_training()) {
+    if (was_training_) m_.eval();
+  }
+  ~EvalModeGuard() {
+    if (was_training_) m_.train(true);
+  }
+
+ private:
+  torch::nn::Module& m_;
+  bool was_training_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------ Engine
+
+Engine::Engine(const EngineConfig& config) : config_(config) {}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                               std::shared_ptr<LlamaModel> model) {
+  TROUPE_RETURN_IF_ERROR(config.Validate());
+  torch::Device device(torch::kCPU);
+  try {
+    device = torch::Device(config.device);
+  } catch (const std::exception& e) {
+    return InvalidArgument("engine.device '{}': {}", config.device, e.what());
+  }
+  if (!device.is_cpu()) {
+    try {
+      at::empty({1}, at::TensorOptions().device(device));
+    } catch (const std::exception& e) {
+      return Unavailable("engine.device '{}' is not usable: {}", config.device,
+                         std::string(e.what()).substr(0, 300));
+    }
+  }
+  if (model) {
+    const ModelConfig& a = model->config();
+    const ModelConfig& b = config.model;
+    if (a.ToString() != b.ToString())
+      return InvalidArgument("the given model ({}) does not match engine.model ({})", a.ToString(),
+                             b.ToString());
+    if (model->device() != device)
+      return InvalidArgument("the given model is on {}, engine.device is {}", model->device().str(),
+                             device.str());
+  } else {
+    model = std::make_shared<LlamaModel>(config.model, config.init_seed, device);
+  }
+  std::unique_ptr<Engine> e(new Engine(config));
+  e->model_ = std::move(model);
+  try {
+    e->loop_ = std::make_unique<Loop>(e->config_, *e->model_, device);
+  } catch (const std::exception& ex) {
+    return ResourceExhausted("cannot allocate the KV cache ({} slots x {} positions): {}",
+                             config.num_slots, config.CacheLen(),
+                             std::string(ex.what()).substr(0, 300));
+  }
+  Log().info("engine: {} on {}, {} slots x {} positions, KV cache {:.1f} MiB",
+             config.model.ToString(), device.str(), config.num_slots, config.CacheLen(),
+             static_cast<double>(e->loop_->cache.bytes()) / (1 << 20));
+  e->thread_ = std::thread([raw = e.get()] { raw->ThreadMain(); });
+  return e;
+}
+
+Engine::~Engine() {
+  {
+    MutexLock l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t Engine::version() const {
+  MutexLock l(mu_);
+  return version_;
+}
+
+EngineStats Engine::stats() const {
+  MutexLock l(mu_);
+  return stats_;
+}
+
+Status Engine::Enqueue(std::vector<std::shared_ptr<Work>> works) {
+  if (stop_) return Unavailable("engine is stopping");
+  stats_.requests += works.size();
+  for (auto& w : works) queue_.push_back(std::move(w));
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status Engine::Submit(GenerateRequest request, Callback done) {
+  auto batch = std::make_shared<Batch>();
+  const size_t n = static_cast<size_t>(std::max<int32_t>(1, request.sampling.num_samples));
+  batch->results.resize(n);
+  batch->remaining = n;
+  batch->done = std::move(done);
+  auto work = std::make_shared<Work>();
+  work->req = std::move(request);
+  work->batch = batch;
+  MutexLock l(mu_);
+  return Enqueue({std::move(work)});
+}
+
+Result<std::vector<GenerationResult>> Engine::Generate(const std::vector<GenerateRequest>& requests,
+                                                       Deadline deadline) {
+  if (requests.empty()) return std::vector<GenerationResult>{};
+  auto batch = std::make_shared<Batch>();
+  batch->pinned = true;
+  std::vector<std::shared_ptr<Work>> works;
+  size_t total = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto w = std::make_shared<Work>();
+    w->req = requests[i];
+    w->batch = batch;
+    w->offset = total;
+    total += static_cast<size_t>(std::max<int32_t>(1, requests[i].sampling.num_samples));
+    works.push_back(std::move(w));
+  }
+  batch->results.resize(total);
+  for (const auto& w : works)
+    for (int32_t s = 0; s < std::max<int32_t>(1, w->req.sampling.num_samples); ++s)
+      batch->results[w->offset + static_cast<size_t>(s)].request_index =
+          static_cast<size_t>(&w - works.data());
+  batch->remaining = total;
+
+  MutexLock l(mu_);
+  // Pin the version: wait while an update is waiting or running (updates go first).
+  bool ok = cv_.wait_until(l, deadline.at(), [&]() TROUPE_REQUIRES(mu_) {
+    return stop_ || (updates_waiting_ == 0 && !update_running_);
+  });
+  if (!ok) return Timeout("generate: deadline passed while a weight update was pending");
+  ++pins_;
+  Status st = Enqueue(std::move(works));
+  if (!st.ok()) {
+    --pins_;
+    cv_.notify_all();
+    return st;
+  }
+  ok = cv_.wait_until(l, deadline.at(), [&]() TROUPE_REQUIRES(mu_) { return batch->finished; });
+  if (!ok) {
+    batch->cancelled = true;  // the engine drops the rest at its next step and unpins
+    cv_.notify_all();
+    return Timeout("generate: {} requests ({} sequences) did not finish before the deadline",
+                   requests.size(), total);
+  }
+  if (!batch->abort_status.ok()) return batch->abort_status;
+  return std::move(batch->results);
+}
+
+Status Engine::BeginUpdate(uint64_t version, Deadline deadline) {
+  MutexLock l(mu_);
+  if (version < version_)
+    return InvalidArgument("weight update to version {} is older than the engine's version {}",
+                           version, version_);
+  ++updates_waiting_;
+  cv_.notify_all();
+  bool ok = cv_.wait_until(l, deadline.at(), [&]() TROUPE_REQUIRES(mu_) {
+    return stop_ || (pins_ == 0 && !step_running_ && !update_running_);
+  });
+  --updates_waiting_;
+  if (!ok || stop_) {
+    cv_.notify_all();
+    if (stop_) return Unavailable("engine is stopping");
+    return Timeout(
+        "weight update to version {} waited past its deadline for generation "
+        "({} pinned batches in flight)",
+        version, pins_);
+  }
+  update_running_ = true;
+  return Status::Ok();
+}
+
+void Engine::EndUpdate(uint64_t version, bool ok) {
+  {
+    MutexLock l(mu_);
+    update_running_ = false;
+    if (ok) {
+      version_ = version;
+      ++stats_.weight_updates;
+    }
+  }
+  cv_.notify_all();
+}
+
+Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline) {
+  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline));
+  Status st;
+  try {
+    st = model_->LoadNamed(named);
+  } catch (const std::exception& e) {
+    st = Internal("weight update to version {} failed: {}", version, e.what());
+  }
+  EndUpdate(version, st.ok());
+  if (st.ok()) Log().debug("weights updated to version {}", version);
+  return st;
+}
+
+Status Engine::UpdateWeightsInPlace(uint64_t version,
+                                    const std::function<Status(const NamedTensors& weights)>& fill,
+                                    Deadline deadline) {
+  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline));
+  Status st;
+  try {
+    torch::NoGradGuard no_grad;
+    st = fill(model_->NamedWeights());
+  } catch (const std::exception& e) {
+    st = Internal("in-place weight update to version {} failed: {}", version, e.what());
+  }
+  EndUpdate(version, st.ok());
+  return st;
+}
+
+// ------------------------------------------------------------------ the engine thread
+
+namespace {
+
+void FinishSeqResult(GenerationResult& out, FinishReason reason, std::string why = {}) {
+  out.finish_reason = reason;
+  out.reject_reason = std::move(why);
+}
+
+}  // namespace
+
+void Engine::ThreadMain() {
+  c10::InferenceMode inference_mode;
+  if (config_.intra_op_threads > 0) at::set_num_threads(config_.intra_op_threads);
+  Loop& L = *loop_;
+
+  // Marks one sample done; completes its batch when it was the last.
+  auto complete_one = [&](Work& w) {
+    Batch& b = *w.batch;
+    TROUPE_CHECK_GT(b.remaining, 0u);
+    if (--b.remaining == 0) L.completed.push_back(w.batch);
+  };
+  // Ends every not-yet-admitted sample of `w` with `reason`.
+  auto end_unadmitted = [&](Work& w, FinishReason reason, const std::string& why) {
+    const int32_t n = std::max<int32_t>(1, w.req.sampling.num_samples);
+    for (int32_t s = w.admitted; s < n; ++s) {
+      GenerationResult& out = w.batch->results[w.offset + static_cast<size_t>(s)];
+      out.tag = w.req.tag;
+      out.sample_index = s;
+      out.prompt_ids = w.req.prompt;
+      FinishSeqResult(out, reason, why);
+      complete_one(w);
+    }
+    w.admitted = n;
+  };
+  auto free_slot = [&](Seq& s, FinishReason reason, std::string why) {
+    FinishSeqResult(*s.out, reason, std::move(why));
+    if (reason == FinishReason::kStop || reason == FinishReason::kLength) ++L.delta.sequences;
+    std::shared_ptr<Work> w = s.work;              // outlives s
+    L.slots[static_cast<size_t>(s.slot)].reset();  // destroys s
+    --L.active;
+    complete_one(*w);
+  };
+  // Aborts everything (engine stopping or a failed step).
+  auto abort_all = [&](const Status& why, bool include_pending) {
+    for (auto& slot : L.slots)
+      if (slot) {
+        if (slot->work->batch->abort_status.ok()) slot->work->batch->abort_status = why;
+        free_slot(*slot, FinishReason::kAborted, why.message());
+      }
+    if (include_pending) {
+      for (auto& w : L.pending) {
+        if (w->batch->abort_status.ok()) w->batch->abort_status = why;
+        end_unadmitted(*w, FinishReason::kAborted, why.message());
+      }
+      L.pending.clear();
+    }
+  };
+  // Records one sampled token and decides whether the sequence ends.
+  auto take_token = [&](Seq& s, const float* logp_row) {
+    const SamplingParams& sp = s.work->req.sampling;
+    const int32_t tok = SampleRow(logp_row, config_.model.vocab_size, sp, s.rng, L.scratch);
+    const float lp = logp_row[tok];
+    GenerationResult& out = *s.out;
+    out.response_ids.push_back(tok);
+    out.logprobs.push_back(lp);
+    out.mask.push_back(1);
+    out.token_versions.push_back(L.step_version);
+    ++out.num_new_tokens;
+    ++s.new_tokens;
+    ++L.delta.generated_tokens;
+    if (!std::isfinite(lp)) {
+      free_slot(
+          s, FinishReason::kAborted,
+          fmt::format("non-finite log-prob {} for sampled token {} (broken weights?)", lp, tok));
+      return;
+    }
+    const auto& stops = sp.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+      free_slot(s, FinishReason::kStop, {});
+      return;
+    }
+    const int32_t total = s.pos + 1;  // context + new tokens so far
+    if (s.new_tokens >= sp.max_new_tokens || total >= config_.CacheLen()) {
+      free_slot(s, FinishReason::kLength, {});
+      return;
+    }
+    s.next_token = tok;
+  };
+
+  // Admits pending requests into free slots and runs one batched prefill.
+  auto admit_and_prefill = [&]() {
+    if (config_.static_batching && L.active > 0) return;
+    struct Row {
+      std::shared_ptr<Work> work;
+      std::vector<int32_t> slots;
+      int32_t first_sample;
+      int32_t len;
+    };
+    std::vector<Row> rows;
+    int32_t max_len = 0;
+    int32_t next_free = 0;
+    auto find_free = [&]() {
+      while (next_free < config_.num_slots && L.slots[static_cast<size_t>(next_free)]) ++next_free;
+      return next_free < config_.num_slots ? next_free : -1;
+    };
+    while (!L.pending.empty()) {
+      std::shared_ptr<Work> w = L.pending.front();
+      const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
+      if (w->batch->cancelled) {
+        if (w->batch->abort_status.ok())
+          w->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+        end_unadmitted(*w, FinishReason::kAborted, "cancelled");
+        L.pending.pop_front();
+        continue;
+      }
+      if (!w->checked) {
+        w->checked = true;
+        std::string why = CheckRequest(w->req, config_);
+        if (!why.empty()) {
+          ++L.delta.rejected;
+          end_unadmitted(*w, FinishReason::kRejected, why);
+          L.pending.pop_front();
+          continue;
+        }
+      }
+      const int32_t len =
+          static_cast<int32_t>(w->req.prompt.size() + w->req.response_prefix.size());
+      const int32_t new_max = std::max(max_len, len);
+      if (!rows.empty() &&
+          static_cast<int64_t>(rows.size() + 1) * new_max > config_.max_prefill_tokens)
+        break;
+      Row row{w, {}, w->admitted, len};
+      int32_t slot;
+      while (w->admitted < n && (slot = find_free()) >= 0) {
+        row.slots.push_back(slot);
+        auto seq = std::make_unique<Seq>();
+        seq->work = w;
+        seq->slot = slot;
+        seq->pos = len;
+        seq->temperature = static_cast<float>(EffectiveTemperature(w->req.sampling.temperature));
+        seq->rng = Rng(w->req.sampling.seed, static_cast<uint64_t>(w->admitted));
+        GenerationResult& out = w->batch->results[w->offset + static_cast<size_t>(w->admitted)];
+        out.tag = w->req.tag;
+        out.sample_index = w->admitted;
+        out.prompt_ids = w->req.prompt;
+        out.response_ids = w->req.response_prefix;
+        const size_t np = w->req.response_prefix.size();
+        out.mask = w->req.response_prefix_mask;
+        out.mask.resize(np, 0);
+        out.logprobs = w->req.response_prefix_logprobs;
+        out.logprobs.resize(np, 0.f);
+        out.token_versions = w->req.response_prefix_versions;
+        out.token_versions.resize(np, 0);
+        out.policy_version = L.step_version;
+        seq->out = &out;
+        L.slots[static_cast<size_t>(slot)] = std::move(seq);
+        ++L.active;
+        ++w->admitted;
+      }
+      if (row.slots.empty()) break;  // no free slot
+      max_len = new_max;
+      rows.push_back(std::move(row));
+      if (w->admitted == n) L.pending.pop_front();
+      if (find_free() < 0) break;
+    }
+    if (rows.empty()) return;
+
+    const int64_t P = static_cast<int64_t>(rows.size());
+    at::Tensor ids = at::zeros({P, max_len}, at::kLong);
+    at::Tensor lengths = at::empty({P}, at::kLong);
+    at::Tensor first_slots = at::empty({P}, at::kLong);
+    at::Tensor temps = at::empty({P, 1}, at::kFloat);
+    std::vector<int64_t> copy_src, copy_dst;
+    int64_t* idp = ids.data_ptr<int64_t>();
+    for (int64_t r = 0; r < P; ++r) {
+      const Row& row = rows[static_cast<size_t>(r)];
+      const GenerateRequest& req = row.work->req;
+      int64_t* dst = idp + r * max_len;
+      for (size_t i = 0; i < req.prompt.size(); ++i) dst[i] = req.prompt[i];
+      for (size_t i = 0; i < req.response_prefix.size(); ++i)
+        dst[req.prompt.size() + i] = req.response_prefix[i];
+      lengths.data_ptr<int64_t>()[r] = row.len;
+      first_slots.data_ptr<int64_t>()[r] = row.slots[0];
+      temps.data_ptr<float>()[r] =
+          static_cast<float>(EffectiveTemperature(req.sampling.temperature));
+      for (size_t j = 1; j < row.slots.size(); ++j) {
+        copy_src.push_back(row.slots[0]);
+        copy_dst.push_back(row.slots[j]);
+      }
+      L.delta.prefill_tokens += static_cast<uint64_t>(row.len);
+    }
+    at::Tensor logits =
+        model_->Prefill(ids.to(L.device), lengths.to(L.device), first_slots.to(L.device), L.cache);
+    if (!copy_src.empty())
+      L.cache.CopySlots(at::tensor(copy_src).to(L.device), at::tensor(copy_dst).to(L.device),
+                        max_len);
+    at::Tensor logp = ScaledLogSoftmax(logits, temps.to(L.device)).to(at::kCPU).contiguous();
+    ++L.delta.prefill_steps;
+    const int64_t V = config_.model.vocab_size;
+    const float* lp = logp.data_ptr<float>();
+    for (int64_t r = 0; r < P; ++r)
+      for (int32_t slot : rows[static_cast<size_t>(r)].slots)
+        take_token(*L.slots[static_cast<size_t>(slot)], lp + r * V);
+  };
+
+  // One decode step over slots [0, highest active slot].
+  auto decode = [&]() {
+    int32_t n = 0;
+    int32_t attn_len = 1;
+    int64_t* tp = L.tokens.data_ptr<int64_t>();
+    int64_t* pp = L.positions.data_ptr<int64_t>();
+    float* temp_p = L.temps.data_ptr<float>();
+    for (int32_t i = 0; i < config_.num_slots; ++i) {
+      const Seq* s = L.slots[static_cast<size_t>(i)].get();
+      if (s == nullptr) {
+        tp[i] = 0;
+        pp[i] = 0;
+        temp_p[i] = 1.f;
+        continue;
+      }
+      n = i + 1;
+      tp[i] = s->next_token;
+      pp[i] = s->pos;
+      temp_p[i] = s->temperature;
+      attn_len = std::max(attn_len, s->pos + 1);
+    }
+    if (n == 0) return;
+    at::Tensor toks = L.tokens.narrow(0, 0, n), pos = L.positions.narrow(0, 0, n);
+    if (!L.device.is_cpu()) {
+      toks = toks.to(L.device);
+      pos = pos.to(L.device);
+    }
+    at::Tensor logits = model_->Decode(toks, pos, attn_len, L.cache, config_.fused_cpu_kernels);
+    at::Tensor temps = L.temps.narrow(0, 0, n);
+    at::Tensor logp = ScaledLogSoftmax(logits, L.device.is_cpu() ? temps : temps.to(L.device));
+    if (!L.device.is_cpu()) logp = logp.to(at::kCPU);
+    logp = logp.contiguous();
+    ++L.delta.decode_steps;
+    const int64_t V = config_.model.vocab_size;
+    const float* lp = logp.data_ptr<float>();
+    for (int32_t i = 0; i < n; ++i) {
+      Seq* s = L.slots[static_cast<size_t>(i)].get();
+      if (s == nullptr) continue;
+      ++s->pos;  // next_token is now in the cache at its position
+      take_token(*s, lp + static_cast<int64_t>(i) * V);
+    }
+  };
+
+  // Publishes finished batches: unpins, wakes Generate callers, runs Submit callbacks.
+  auto publish = [&]() {
+    std::vector<std::shared_ptr<Batch>> done;
+    done.swap(L.completed);
+    {
+      MutexLock l(mu_);
+      stats_.rejected += L.delta.rejected;
+      stats_.sequences += L.delta.sequences;
+      stats_.generated_tokens += L.delta.generated_tokens;
+      stats_.prefill_tokens += L.delta.prefill_tokens;
+      stats_.prefill_steps += L.delta.prefill_steps;
+      stats_.decode_steps += L.delta.decode_steps;
+      L.delta = EngineStats();
+      for (auto& b : done) {
+        b->finished = true;
+        if (b->pinned) --pins_;
+      }
+    }
+    if (!done.empty()) cv_.notify_all();
+    for (auto& b : done) {
+      if (!b->done) continue;
+      try {
+        b->done(std::move(b->results));
+      } catch (const std::exception& e) {
+        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 1000, "generation callback threw: {}",
+                            e.what());
+      }
+    }
+  };
+
+  for (;;) {
+    bool stopping;
+    {
+      MutexLock l(mu_);
+      for (;;) {
+        const bool gate_closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);
+        const bool has_work = !queue_.empty() || L.active > 0 || !L.pending.empty();
+        if (stop_ || (!gate_closed && has_work)) break;
+        cv_.wait_until(l, Deadline::InMs(1000).at(), [&]() TROUPE_REQUIRES(mu_) {
+          const bool closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);
+          return stop_ || (!closed && (!queue_.empty() || L.active > 0 || !L.pending.empty()));
+        });
+      }
+      stopping = stop_;
+      while (!queue_.empty()) {
+        L.pending.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      if (!stopping) step_running_ = true;
+      L.step_version = version_;
+    }
+    if (stopping) {
+      abort_all(Unavailable("engine stopped"), /*include_pending=*/true);
+      publish();
+      return;
+    }
+    // Drop sequences whose Generate() gave up.
+    for (auto& slot : L.slots)
+      if (slot && slot->work->batch->cancelled) {
+        if (slot->work->batch->abort_status.ok())
+          slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+        free_slot(*slot, FinishReason::kAborted, "cancelled");
+      }
+    try {
+      EvalModeGuard eval(*model_);
+      admit_and_prefill();
+      if (L.active > 0) decode();
+    } catch (const std::exception& e) {
+      Status why = Internal("generation step failed: {}", std::string(e.what()).substr(0, 500));
+      Log().error("{}", why.message());
+      abort_all(why, /*include_pending=*/false);
+    }
+    {
+      MutexLock l(mu_);
+      step_running_ = false;
+    }
+    cv_.notify_all();
+    publish();
+  }
+}
+
+}  // namespace troupe::engine

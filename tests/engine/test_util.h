@@ -1,0 +1,64 @@
+// Helpers shared by the engine tests: temp dirs, small configs, seeds.
+#pragma once
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "troupe/engine/model_config.h"
+
+namespace troupe::engine::testing {
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-engine-XXXXXX").string();
+    char* p = mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A small model that exercises every feature (GQA, untied head) and runs fast.
+inline ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.vocab_size = 23;
+  c.d_model = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 48;
+  c.max_seq_len = 48;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+// Seed for a test: fixed per run but printed, so a failure can be replayed.
+inline uint64_t TestSeed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("TROUPE_TEST_SEED");
+    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("engine test seed: %llu (set TROUPE_TEST_SEED to replay)\n",
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+}  // namespace troupe::engine::testing
