@@ -42,6 +42,7 @@ struct Envelope {
     metrics @17 :Metrics;
     broadcastGroup @18 :BroadcastGroup;
     echo @19 :Echo;
+    credit @20 :Credit;
   }
 }
 
@@ -284,6 +285,10 @@ struct WeightsManifest {
   tensors @4 :List(TensorSlot);
   bucketChecksums @5 :List(UInt64);  # optional: one per bucket (empty: no checksums)
   totalBytes @6 :UInt64;
+  chunkBytes @7 :UInt64;       # pipelining unit of chain transfers (zmq chunks, gloo send/recv)
+  shmSegment @8 :Text;         # shm backend: POSIX shm name holding this version (empty: not via shm)
+  shmOffset @9 :UInt64;        # shm backend: byte offset of the stream inside the segment
+  shmGeneration @10 :UInt64;   # shm backend: slot generation (seqlock) the reader must see before and after
 }
 
 struct TensorSlot {
@@ -302,6 +307,7 @@ struct WeightsChunk {
   offset @2 :UInt64;           # byte offset inside the bucket
   data @3 :Data;
   last @4 :Bool;               # last chunk of the whole broadcast
+  transfer @5 :UInt64;         # the manifest's epoch field: group epoch, or a catch-up id (top bit set)
 }
 
 # learner -> members: the broadcast group for an epoch.
@@ -312,6 +318,8 @@ struct BroadcastGroup {
   storeAddress @3 :Text;       # TCPStore host:port for gloo/nccl rendezvous
   ncclUniqueId @4 :Data;       # 128-byte ncclUniqueId for the nccl backend
   timeoutMs @5 :UInt32;        # collective timeout
+  memberEndpoints @6 :List(Text);  # data endpoint of each member (index = rank; zmq chain/star)
+  algorithm @7 :Text;          # data path: "chain", "broadcast" (gloo) or "star" (zmq)
 }
 
 # ---------------------------------------------------------------- reference
@@ -321,3 +329,18 @@ struct Echo {
   text @0 :Text;
   payload @1 :Tensor;
 }
+
+# ---------------------------------------------------------------- admission
+
+# rollout <-> learner: staleness control (DESIGN invariant 3). A rollout actor
+# asks for permission to start groups; the learner grants while the admitted
+# work stays within (max_policy_lag + version + 1) x groups per update, with
+# dropped work returned to the pool. Losing one is harmless: the rollout
+# actor asks again after a timeout.
+struct Credit {
+  requested @0 :UInt32;        # rollout -> learner: groups it wants to start
+  granted @1 :UInt32;          # learner -> rollout: groups it may start now
+  learnerVersion @2 :UInt64;   # learner -> rollout: the learner's version
+  outstanding @3 :UInt32;      # rollout -> learner: groups granted but not yet sent
+}
+

@@ -1,0 +1,453 @@
+// troupe: the command-line front door.
+//
+//   troupe run CONFIG [--set key=value ...] [--detach]    launch a job (hosts its head)
+//   troupe run --resume RUN                               continue from the last checkpoint
+//   troupe status [RUN]                                   actors table
+//   troupe logs [RUN] ACTOR [-f] | --all [-f]             one actor's log / all, interleaved
+//   troupe scale [RUN] rollout=N [reward=M]               grow or shrink a role while it runs
+//   troupe stop [RUN]                                     graceful stop (learner checkpoints)
+//   troupe config-keys                                    every config key with its doc
+// RUN defaults to the latest run (runs/latest). Errors are one line and exit 1
+// (2 for bad arguments or config).
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "troupe/core/log.h"
+#include "troupe/launcher/control_client.h"
+#include "troupe/launcher/head.h"
+#include "troupe/launcher/job_config.h"
+#include "troupe/launcher/run_dir.h"
+#include "troupe/launcher/spawner.h"
+#include "troupe/launcher/subprocess.h"
+#include "troupe/transport/curve.h"
+#include "troupe/transport/zmq_network.h"
+
+using namespace troupe;
+using namespace troupe::launcher;
+namespace fs = std::filesystem;
+
+namespace {
+
+int Fail(const std::string& msg, int code = 1) {
+  std::cerr << "troupe: " << msg << "\n";
+  return code;
+}
+
+std::string FindActorBinary(const ClusterSpec& c) {
+  if (!c.actor_binary.empty()) return c.actor_binary;
+  std::string self = SelfDir();
+  for (const std::string& cand : {self + "/troupe-actor", self + "/../actors/troupe-actor"}) {
+    if (::access(cand.c_str(), X_OK) == 0) return fs::weakly_canonical(cand).string();
+  }
+  return FindExecutable("troupe-actor");
+}
+
+// Splits "[RUN] ARGS..." where RUN is optional: a token is a run if it names
+// a run folder (path or name under the runs dir) and is not the last required arg.
+std::string TakeRun(std::vector<std::string>* pos, const std::string& runs_dir,
+                    size_t required_after) {
+  if (pos->size() > required_after) {
+    std::string run = pos->front();
+    pos->erase(pos->begin());
+    return run;
+  }
+  (void)runs_dir;
+  return "";
+}
+
+// ---------------------------------------------------------------- run
+
+struct RunArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  bool detach = false;
+  std::string resume;
+  std::string runs_dir;
+  std::string log_level = "info";
+};
+
+std::atomic<Head*> g_head{nullptr};
+
+void StopSignalThread(sigset_t set) {
+  int sig = 0;
+  while (sigwait(&set, &sig) == 0) {
+    if (sig == SIGUSR2) return;
+    if (auto* h = g_head.load()) h->RequestStop();
+  }
+}
+
+Result<std::string> MakeSecrets(const JobConfig& job, const RunDir& run,
+                                transport::CurveOptions* head_curve) {
+  bool multi_host = job.cluster.backend != "local";
+  bool on = job.cluster.curve == "on" || (job.cluster.curve == "auto" && multi_host);
+  if (!on) return std::string();
+  TROUPE_ASSIGN_OR_RETURN(auto server, transport::GenerateCurveKeyPair());
+  TROUPE_ASSIGN_OR_RETURN(auto client, transport::GenerateCurveKeyPair());
+  nlohmann::json j;
+  j["curve"] = true;
+  j["server_public"] = server.public_key;
+  j["server_secret"] = server.secret_key;
+  j["client_public"] = client.public_key;
+  j["client_secret"] = client.secret_key;
+  j["allowed_clients"] = std::vector<std::string>{client.public_key};
+  TROUPE_RETURN_IF_ERROR(WriteFileAtomic(run.secrets() + "/curve.json", j.dump() + "\n", 0600));
+  head_curve->enabled = true;
+  head_curve->server = server;
+  head_curve->client = client;
+  head_curve->allowed_client_public_keys = {client.public_key};
+  return j.dump();
+}
+
+int CmdRun(RunArgs a) {
+  Result<JobConfig> job = InvalidArgument("no config");
+  RunDir run;
+  if (!a.resume.empty()) {
+    auto r = ResolveRunDir(a.runs_dir.empty() ? "runs" : a.runs_dir,
+                           a.resume == "latest" ? "" : a.resume);
+    if (!r.ok()) return Fail(r.status().message());
+    run = *r;
+    job = LoadResolvedConfig(run.config());
+    if (job.ok() && !a.sets.empty()) return Fail("--set cannot change a resumed run's config", 2);
+  } else {
+    if (a.config.empty()) return Fail("run needs a CONFIG file (or --resume RUN)", 2);
+    job = LoadJobConfig(a.config, a.sets);
+  }
+  if (!job.ok()) return Fail(job.status().message(), 2);
+  if (!a.runs_dir.empty()) job->runs_dir = a.runs_dir;
+  if (a.resume.empty()) {
+    auto r = CreateRunDir(job->runs_dir, job->name);
+    if (!r.ok()) return Fail(r.status().message());
+    run = *r;
+    Status w = WriteFileAtomic(run.config(), ResolvedConfigYaml(*job));
+    if (!w.ok()) return Fail(w.message());
+  }
+  std::string actor_binary = FindActorBinary(job->cluster);
+  if (actor_binary.empty()) return Fail("cannot find troupe-actor (set cluster.actor_binary)", 2);
+
+  if (a.detach) {
+    pid_t pid = ::fork();
+    if (pid < 0) return Fail("fork failed");
+    if (pid > 0) {
+      std::cout << "started " << job->name << " in " << run.path << " (head pid " << pid << ")\n"
+                << "  troupe status " << run.name() << "   troupe logs " << run.name()
+                << " --all -f\n";
+      return 0;
+    }
+    ::setsid();
+    std::string out = run.logs() + "/head.out";
+    FILE* f = std::freopen(out.c_str(), "a", stdout);
+    (void)f;
+    f = std::freopen(out.c_str(), "a", stderr);
+    (void)f;
+    f = std::freopen("/dev/null", "r", stdin);
+    (void)f;
+  }
+
+  // Stop signals go to one thread that asks the head to stop (twice: kill).
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread sig_thread(StopSignalThread, set);
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      ::kill(::getpid(), SIGUSR2);
+      t.join();
+    }
+  } joiner{sig_thread};
+
+  log::Options lo;
+  log::ParseLevel(a.log_level, &lo.level);
+  lo.file = run.logs() + "/head.log";
+  lo.to_stderr = false;
+  log::Init("head", lo);
+  auto warn_sink_guard = [] {};
+  (void)warn_sink_guard;
+
+  transport::ZmqNetworkOptions no;
+  no.identity.actor_id = "head";
+  auto secrets = MakeSecrets(*job, run, &no.curve);
+  if (!secrets.ok()) return Fail(secrets.status().message());
+  auto net = transport::NewZmqNetwork(no);
+  if (!net.ok()) return Fail(net.status().message());
+
+  HeadOptions ho;
+  ho.job_name = job->name;
+  ho.run = run;
+  ho.spec = job->head;
+  ho.roles["learner"] = job->learner;
+  ho.roles["rollout"] = job->rollout;
+  ho.roles["reward"] = job->reward;
+  if (job->echo.count > 0) ho.roles["echo"] = job->echo;
+  for (auto it = ho.roles.begin(); it != ho.roles.end();) {
+    if (it->second.count == 0 && it->first != "rollout" && it->first != "reward")
+      it = ho.roles.erase(it);
+    else
+      ++it;
+  }
+  if (!ho.roles.count("learner")) ho.completion_role = "";
+  std::string host =
+      job->cluster.advertise_address.empty() ? "127.0.0.1" : job->cluster.advertise_address;
+  ho.bind_endpoint = "tcp://" + host + ":0";
+  ho.actor_binary = actor_binary;
+  ho.actor_args = {"--config", run.config()};
+  if (!secrets->empty()) {
+    ho.actor_args.push_back("--secrets-stdin");
+    ho.actor_secrets = *secrets;
+  }
+  ho.actor_env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
+  if (!a.resume.empty()) ho.actor_env["TROUPE_RESUME"] = "1";
+  ho.live_progress = !a.detach && ::isatty(STDOUT_FILENO);
+  ho.print = [](const std::string& line) {
+    std::cout << line
+              << (line.rfind('\r', 0) == 0 && line.find("\033[K") == std::string::npos ? "" : "\n")
+              << std::flush;
+  };
+  auto head = Head::Create(ho, std::move(net).value(), NewLocalSpawner());
+  if (!head.ok()) return Fail(head.status().message());
+  Status w = WriteHeadInfo(run, HeadInfo{(*head)->endpoint(), ::getpid(), job->name});
+  if (!w.ok()) return Fail(w.message());
+  std::cout << "troupe: " << job->name << " -> " << run.path << "  (head " << (*head)->endpoint()
+            << ")\n"
+            << std::flush;
+  g_head = head->get();
+  Status s = (*head)->Run();
+  g_head = nullptr;
+  auto sum = (*head)->summary();
+  head->reset();
+  log::Flush();
+  if (!s.ok()) return Fail("job failed: " + s.message());
+  std::cout << (sum.completed ? "job complete"
+                : sum.stopped ? "job stopped"
+                              : "job ended")
+            << ": " << run.path << "\n";
+  return 0;
+}
+
+// ---------------------------------------------------------------- logs
+
+int CmdLogs(const std::string& runs_dir, std::vector<std::string> pos, bool all, bool follow) {
+  std::string run_arg;
+  std::string actor;
+  if (all) {
+    if (pos.size() > 1) return Fail("logs --all takes at most a RUN argument", 2);
+    if (!pos.empty()) run_arg = pos[0];
+  } else {
+    if (pos.empty()) return Fail("logs needs an ACTOR (or --all)", 2);
+    if (pos.size() > 2) return Fail("logs takes [RUN] ACTOR", 2);
+    actor = pos.back();
+    if (pos.size() == 2) run_arg = pos[0];
+  }
+  auto run = ResolveRunDir(runs_dir, run_arg);
+  if (!run.ok()) return Fail(run.status().message());
+  struct Tail {
+    std::string name, path;
+    std::streamoff pos = 0;
+    std::string partial;
+  };
+  std::vector<Tail> tails;
+  auto refresh = [&] {
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(run->logs(), ec)) {
+      if (e.path().extension() != ".log") continue;
+      std::string name = e.path().stem().string();
+      if (!all && name != actor) continue;
+      bool known = false;
+      for (auto& t : tails) known |= t.path == e.path().string();
+      if (!known) tails.push_back({name, e.path().string()});
+    }
+  };
+  refresh();
+  if (!all && tails.empty() && !follow) {
+    std::string known;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(run->logs(), ec))
+      if (e.path().extension() == ".log") known += " " + e.path().stem().string();
+    return Fail("no log for actor '" + actor + "' in " + run->path +
+                (known.empty() ? "" : " (actors:" + known + ")"));
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  while (true) {
+    bool any = false;
+    for (auto& t : tails) {
+      std::ifstream in(t.path, std::ios::binary);
+      if (!in) continue;
+      in.seekg(0, std::ios::end);
+      std::streamoff size = in.tellg();
+      if (size < t.pos) t.pos = 0;  // truncated
+      if (size == t.pos) continue;
+      in.seekg(t.pos);
+      std::string chunk(static_cast<size_t>(size - t.pos), '\0');
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      t.pos = size;
+      t.partial += chunk;
+      size_t nl;
+      while ((nl = t.partial.find('\n')) != std::string::npos) {
+        std::cout << t.partial.substr(0, nl + 1);
+        t.partial.erase(0, nl + 1);
+        any = true;
+      }
+    }
+    std::cout.flush();
+    if (!std::cout) return 0;  // reader went away
+    if (!follow) break;
+    if (!any) {
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(100));  // polling a file: no event to wait on
+      refresh();
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- status / scale / stop
+
+int CmdStatus(const std::string& runs_dir, std::vector<std::string> pos) {
+  if (pos.size() > 1) return Fail("status takes at most a RUN argument", 2);
+  auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
+  if (!run.ok()) return Fail(run.status().message());
+  auto r = SendControl(*run, "status", Deadline::InMs(5000));
+  if (!r.ok()) return Fail(r.status().message());
+  std::cout << "run " << run->path << "\n" << FormatStatusTable(*r);
+  return 0;
+}
+
+int CmdScale(const std::string& runs_dir, std::vector<std::string> pos) {
+  std::vector<std::pair<std::string, uint32_t>> specs;
+  std::string run_arg;
+  for (const auto& p : pos) {
+    auto eq = p.find('=');
+    if (eq == std::string::npos) {
+      if (!run_arg.empty() || !specs.empty())
+        return Fail("bad scale spec '" + p + "': expected ROLE=COUNT", 2);
+      run_arg = p;
+      continue;
+    }
+    std::string role = p.substr(0, eq), num = p.substr(eq + 1);
+    char* end = nullptr;
+    long n = std::strtol(num.c_str(), &end, 10);
+    if (num.empty() || *end != '\0' || n < 0 || n > 10000) {
+      return Fail("bad scale spec '" + p + "': COUNT must be an integer in 0..10000", 2);
+    }
+    if (role != "rollout" && role != "reward" && role != "echo") {
+      return Fail("bad scale spec '" + p + "': only rollout and reward can be scaled", 2);
+    }
+    specs.emplace_back(role, static_cast<uint32_t>(n));
+  }
+  if (specs.empty()) return Fail("scale needs ROLE=COUNT (e.g. rollout=4)", 2);
+  auto run = ResolveRunDir(runs_dir, run_arg);
+  if (!run.ok()) return Fail(run.status().message());
+  for (auto& [role, n] : specs) {
+    auto r = SendControl(*run, "scale", Deadline::InMs(5000), role, n);
+    if (!r.ok()) return Fail(r.status().message());
+    std::cout << r->message << "\n";
+  }
+  return 0;
+}
+
+int CmdStop(const std::string& runs_dir, std::vector<std::string> pos, int wait_s) {
+  if (pos.size() > 1) return Fail("stop takes at most a RUN argument", 2);
+  auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
+  if (!run.ok()) return Fail(run.status().message());
+  auto info = ReadHeadInfo(*run);
+  auto r = SendControl(*run, "stop", Deadline::InMs(5000));
+  if (!r.ok()) return Fail(r.status().message());
+  std::cout << r->message << "\n";
+  if (wait_s <= 0 || !info.ok() || info->pid <= 0) return 0;
+  auto deadline = Deadline::In(std::chrono::seconds(wait_s));
+  while (!deadline.expired()) {
+    if (::kill(info->pid, 0) != 0) {
+      std::cout << "stopped\n";
+      return 0;
+    }
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(100));  // another process: nothing to wait on
+  }
+  return Fail("the head is still running after " + std::to_string(wait_s) + " s");
+}
+
+int CmdConfigKeys() {
+  for (const auto& k : JobConfigKeys()) {
+    if (k.type == "section") {
+      std::cout << "\n" << k.path << ":  # " << k.doc << "\n";
+    } else {
+      std::cout << "  " << k.path << " (" << k.type << ", default "
+                << (k.value.empty() ? "\"\"" : k.value) << "): " << k.doc << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: launch and operate asynchronous RL jobs"};
+  app.require_subcommand(1);
+  std::string runs_dir = "runs";
+  app.add_option("--runs-dir", runs_dir, "folder holding run folders")->capture_default_str();
+
+  RunArgs ra;
+  auto* run = app.add_subcommand("run", "launch a job and host its head");
+  run->add_option("config", ra.config, "job config (YAML)");
+  run->add_option("--set", ra.sets, "override a config key: --set trainer.lr=3e-4 (repeatable)");
+  run->add_flag("--detach", ra.detach, "run the head in the background");
+  run->add_option("--resume", ra.resume,
+                  "continue RUN (a run folder or name) from its last checkpoint");
+  run->add_option("--log-level", ra.log_level, "head log level");
+
+  std::vector<std::string> pos;
+  auto* status = app.add_subcommand("status", "table of the actors of a run");
+  status->add_option("run", pos, "[RUN]");
+
+  bool all = false, follow = false;
+  auto* logs = app.add_subcommand("logs", "show an actor's log ([RUN] ACTOR, or --all)");
+  logs->add_option("args", pos, "[RUN] ACTOR");
+  logs->add_flag("--all", all, "every actor, interleaved");
+  logs->add_flag("-f,--follow", follow, "keep printing new lines");
+
+  auto* scale =
+      app.add_subcommand("scale", "set the number of actors of a role: [RUN] rollout=N [reward=M]");
+  scale->add_option("specs", pos, "[RUN] ROLE=COUNT ...");
+
+  int wait_s = 60;
+  auto* stop =
+      app.add_subcommand("stop", "stop a run gracefully (learner checkpoints, everyone exits)");
+  stop->add_option("run", pos, "[RUN]");
+  stop->add_option("--wait", wait_s, "seconds to wait for the head to exit (0: don't wait)");
+
+  auto* keys =
+      app.add_subcommand("config-keys", "list every job config key with its type, default and doc");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  if (*run) {
+    if (app.get_option("--runs-dir")->count()) ra.runs_dir = runs_dir;
+    return CmdRun(ra);
+  }
+  if (*status) return CmdStatus(runs_dir, pos);
+  if (*logs) return CmdLogs(runs_dir, pos, all, follow);
+  if (*scale) return CmdScale(runs_dir, pos);
+  if (*stop) return CmdStop(runs_dir, pos, wait_s);
+  if (*keys) return CmdConfigKeys();
+  return 2;
+}
