@@ -1,0 +1,92 @@
+// WeightSender: the learner's side of the weight broadcast.
+//
+//   learner ══ Broadcast(version, named) ══▶ every rollout actor's WeightReceiver
+//
+// The sender owns the broadcast group: the learner (rank 0) plus the current
+// receivers, versioned by an epoch. Receivers register on the control socket
+// (endpoint()). A newcomer first gets the full current weights over ZeroMQ
+// (catch-up), then joins the group at the next epoch. A receiver that leaves,
+// stops answering, or fails a transfer is dropped at the next epoch. Every
+// step is bounded: a member killed mid-broadcast makes that attempt fail
+// within config.timeout_ms; the group is re-formed without it and (within
+// max_attempts and the deadline) the version is sent again to the rest.
+//
+// Threading: one internal service thread owns all sockets and the process
+// group; it answers registrations, heartbeats and catch-ups even while the
+// learner trains. Public methods are thread-safe; Broadcast calls are
+// serialised. The destructor stops the thread, closes every socket, aborts or
+// reaps the group and unlinks shared memory (bounded by the timeout).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/broadcast/config.h"
+#include "troupe/broadcast/types.h"
+#include "troupe/core/deadline.h"
+#include "troupe/core/status.h"
+
+namespace troupe::broadcast {
+
+// What the learner knows about one receiver.
+struct MemberInfo {
+  std::string id;
+  std::string node;
+  std::string state;     // "catching-up", "ready" (waiting for the next epoch), "member"
+  uint64_t version = 0;  // version of this learner it acknowledged last (0: none yet)
+};
+
+struct SenderStats {
+  uint64_t broadcasts_ok = 0;      // Broadcast calls that reached every member
+  uint64_t broadcasts_failed = 0;  // calls that returned an error
+  uint64_t attempts_failed = 0;    // failed attempts (a call may retry)
+  uint64_t catch_ups = 0;          // newcomer catch-ups completed
+  uint64_t epochs = 0;             // groups formed
+  uint64_t members_dropped = 0;    // receivers removed for failing, dying or leaving
+  uint64_t bytes_sent = 0;         // payload bytes the learner itself put on its link
+};
+
+class WeightSender {
+ public:
+  // Validates `config`, binds the control socket (and the gloo store / shm segment when
+  // used) and starts the service thread. Errors: bad config, endpoint in use.
+  static Result<std::unique_ptr<WeightSender>> Create(const BroadcastConfig& config);
+  ~WeightSender();
+  WeightSender(const WeightSender&) = delete;
+  WeightSender& operator=(const WeightSender&) = delete;
+
+  // Resolved control endpoint receivers connect to (port 0 replaced).
+  const std::string& endpoint() const;
+  // Random id of this sender process incarnation (receivers re-sync when it changes).
+  uint64_t incarnation() const;
+
+  // Sends `version` of the weights to every member and returns once each acknowledged it
+  // (or with an error). Blocks the caller; may return Timeout at the deadline, Unavailable
+  // when members failed on every attempt, InvalidArgument for bad tensors or a version not
+  // above the previous one. Membership changes pending at the call are applied first (a new
+  // epoch). The tensors are read during the call only. Even on error the version becomes
+  // the "current weights" newcomers are caught up with.
+  Status Broadcast(uint64_t version, const NamedTensors& named, Deadline deadline);
+
+  // Details of the last Broadcast call.
+  BroadcastReport last_report() const;
+
+  // Blocks until at least `count` receivers are members of a formed group (or the
+  // deadline: Timeout naming how many there are).
+  Status WaitForMembers(size_t count, Deadline deadline);
+
+  std::vector<MemberInfo> Members() const;
+  uint64_t epoch() const;
+  uint64_t version() const;  // last version passed to Broadcast (0: none)
+  SenderStats stats() const;
+
+  class Impl;
+
+ private:
+  explicit WeightSender(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::broadcast
