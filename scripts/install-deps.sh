@@ -12,6 +12,8 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev capnproto libcapnp-dev libsodium-dev
   # engine / trainer (libtorch 1.13 CPU with c10d + Gloo) and a fast BLAS
   libtorch-dev libopenblas0-pthread
+  # Gloo headers: libtorch's ProcessGroupGloo.hpp includes them (weight broadcast)
+  libgloo-dev
   # logging, CLI, config, JSON
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   # HTTP client/server for external reward services
