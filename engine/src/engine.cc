@@ -64,6 +64,41 @@ Status CheckNoRejections(const std::vector<GenerationResult>& results) {
   return Status::Ok();
 }
 
+PaddedResults PadResults(const std::vector<GenerationResult>& results, int32_t pad_id) {
+  const int64_t n = static_cast<int64_t>(results.size());
+  int64_t pmax = 0, rmax = 0;
+  for (const auto& r : results) {
+    pmax = std::max<int64_t>(pmax, static_cast<int64_t>(r.prompt_ids.size()));
+    rmax = std::max<int64_t>(rmax, static_cast<int64_t>(r.response_ids.size()));
+  }
+  PaddedResults out;
+  out.prompt_ids = at::full({n, pmax}, pad_id, at::kLong);
+  out.prompt_lengths = at::zeros({n}, at::kLong);
+  out.response_ids = at::full({n, rmax}, pad_id, at::kLong);
+  out.response_lengths = at::zeros({n}, at::kLong);
+  out.logprobs = at::zeros({n, rmax}, at::kFloat);
+  out.mask = at::zeros({n, rmax}, at::kBool);
+  int64_t* pp = out.prompt_ids.data_ptr<int64_t>();
+  int64_t* rp = out.response_ids.data_ptr<int64_t>();
+  float* lp = out.logprobs.data_ptr<float>();
+  bool* mp = out.mask.data_ptr<bool>();
+  for (int64_t i = 0; i < n; ++i) {
+    const GenerationResult& r = results[static_cast<size_t>(i)];
+    out.prompt_lengths.data_ptr<int64_t>()[i] = static_cast<int64_t>(r.prompt_ids.size());
+    out.response_lengths.data_ptr<int64_t>()[i] = static_cast<int64_t>(r.response_ids.size());
+    for (size_t t = 0; t < r.prompt_ids.size(); ++t)
+      pp[i * pmax + static_cast<int64_t>(t)] = r.prompt_ids[t];
+    for (size_t t = 0; t < r.response_ids.size(); ++t) {
+      const int64_t k = i * rmax + static_cast<int64_t>(t);
+      rp[k] = r.response_ids[t];
+      const bool m = t < r.mask.size() && r.mask[t] != 0;
+      mp[k] = m;
+      lp[k] = m && t < r.logprobs.size() ? r.logprobs[t] : 0.f;
+    }
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------ internal state
 
 // Completion state of one Generate() call or one Submit().
@@ -235,8 +270,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                              config.num_slots, config.CacheLen(),
                              std::string(ex.what()).substr(0, 300));
   }
-  Log().info("engine: {} on {}, {} slots x {} positions, KV cache {:.1f} MiB",
-             config.model.ToString(), device.str(), config.num_slots, config.CacheLen(),
+  Log().info("{} on {}, {} slots x {} positions, KV cache {:.1f} MiB", config.model.ToString(),
+             device.str(), config.num_slots, config.CacheLen(),
              static_cast<double>(e->loop_->cache.bytes()) / (1 << 20));
   e->thread_ = std::thread([raw = e.get()] { raw->ThreadMain(); });
   return e;

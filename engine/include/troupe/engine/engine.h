@@ -112,6 +112,17 @@ GenerateRequest ContinueRequest(const GenerationResult& previous,
 // reason ("request 3 (tag 17) rejected: prompt of 130 tokens does not fit ..."); ok if none.
 Status CheckNoRejections(const std::vector<GenerationResult>& results);
 
+// Results as right-padded tensors (CPU), e.g. for a learner-side check or a batch writer.
+struct PaddedResults {
+  at::Tensor prompt_ids;        // int64 [N, Pmax], pad_id after each prompt
+  at::Tensor prompt_lengths;    // int64 [N]
+  at::Tensor response_ids;      // int64 [N, Rmax], pad_id after each response
+  at::Tensor response_lengths;  // int64 [N]
+  at::Tensor logprobs;          // float32 [N, Rmax]: behaviour log-probs, 0 at padding/mask 0
+  at::Tensor mask;              // bool [N, Rmax]: true only for model-sampled tokens
+};
+PaddedResults PadResults(const std::vector<GenerationResult>& results, int32_t pad_id);
+
 // Counters since construction (monotonic).
 struct EngineStats {
   uint64_t requests = 0;          // requests accepted by Generate/Submit
