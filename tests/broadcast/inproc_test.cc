@@ -1,0 +1,224 @@
+// Protocol tests with the sender and several receivers in one process (real
+// sockets, real gloo groups, real shared memory; threads instead of
+// processes). Fast to run; the multi-process test covers crashes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+
+#include "troupe/broadcast/receiver.h"
+#include "troupe/broadcast/sender.h"
+#include "troupe/core/log.h"
+#include "weights_fixture.h"
+
+namespace troupe::broadcast {
+namespace {
+
+using testing::CompareWeights;
+using testing::MakeWeights;
+using testing::WeightsSpec;
+
+uint64_t Seed() {
+  static uint64_t seed = [] {
+    uint64_t s = std::random_device{}();
+    std::printf("broadcast_inproc_test seed %llu\n", static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+const WeightsSpec kSpec{6, 64, 128, 512};
+
+BroadcastConfig TestConfig(Backend backend) {
+  BroadcastConfig c;
+  c.backend = backend;
+  c.bucket_bytes = 256 * 1024;
+  c.chunk_bytes = 64 * 1024;
+  c.timeout_ms = 5000;
+  c.heartbeat_ms = 100;
+  c.member_timeout_ms = 8000;
+  c.checksum = true;
+  return c;
+}
+
+// A receiver whose sink checks every delivery against MakeWeights(seed, version).
+struct CheckedReceiver {
+  std::unique_ptr<WeightReceiver> receiver;
+  std::atomic<int> mismatches{0};
+  std::atomic<uint64_t> last{0};
+
+  static std::unique_ptr<CheckedReceiver> Make(const std::string& id, const std::string& learner,
+                                               WireDtype wire, std::string node = "") {
+    auto out = std::make_unique<CheckedReceiver>();
+    ReceiverConfig rc;
+    rc.actor_id = id;
+    rc.learner_endpoint = learner;
+    rc.heartbeat_ms = 100;
+    rc.learner_timeout_ms = 8000;
+    rc.node = node;
+    CheckedReceiver* self = out.get();
+    auto r = WeightReceiver::Create(rc, [self, wire](const ReceivedWeights& w) {
+      Status st = CompareWeights(w.named, MakeWeights(Seed(), w.version, kSpec), wire);
+      if (!st.ok()) ++self->mismatches;
+      self->last = w.version;
+      return st;
+    });
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) out->receiver = std::move(r).value();
+    return out;
+  }
+};
+
+void RunVersions(WeightSender& s, uint64_t from, uint64_t to) {
+  for (uint64_t v = from; v <= to; ++v) {
+    Status st = s.Broadcast(v, MakeWeights(Seed(), v, kSpec), Deadline::InMs(30000));
+    ASSERT_TRUE(st.ok()) << "version " << v << ": " << st.ToString();
+  }
+}
+
+struct Case {
+  Backend backend;
+  GlooAlgorithm gloo = GlooAlgorithm::kChain;
+  ZmqTopology zmq = ZmqTopology::kChain;
+  WireDtype wire = WireDtype::kAsStored;
+};
+
+class InprocBackends : public ::testing::TestWithParam<Case> {};
+
+TEST_P(InprocBackends, ThreeReceiversGetEveryVersionBitExact) {
+  const Case c = GetParam();
+  BroadcastConfig cfg = TestConfig(c.backend);
+  cfg.gloo_algorithm = c.gloo;
+  cfg.zmq_topology = c.zmq;
+  cfg.wire_dtype = c.wire;
+  auto sender = WeightSender::Create(cfg);
+  ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+  WeightSender& s = **sender;
+  std::vector<std::unique_ptr<CheckedReceiver>> rs;
+  for (int i = 0; i < 3; ++i)
+    rs.push_back(CheckedReceiver::Make("r" + std::to_string(i), s.endpoint(), c.wire));
+  ASSERT_TRUE(s.WaitForMembers(3, Deadline::InMs(20000)).ok());
+  RunVersions(s, 1, 3);
+  auto report = s.last_report();
+  EXPECT_EQ(report.members.size(), 3u);
+  EXPECT_EQ(report.attempts, 1);
+  for (auto& r : rs) {
+    EXPECT_EQ(r->receiver->version(), 3u);
+    EXPECT_EQ(r->mismatches.load(), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, InprocBackends,
+    ::testing::Values(Case{Backend::kZmq}, Case{Backend::kZmq, {}, ZmqTopology::kStar},
+                      Case{Backend::kGloo}, Case{Backend::kGloo, GlooAlgorithm::kBroadcast},
+                      Case{Backend::kShm}, Case{Backend::kZmq, {}, {}, WireDtype::kBFloat16}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      const Case& c = info.param;
+      std::string n = BackendName(c.backend);
+      if (c.backend == Backend::kGloo) n += std::string("_") + GlooAlgorithmName(c.gloo);
+      if (c.backend == Backend::kZmq) n += std::string("_") + ZmqTopologyName(c.zmq);
+      if (c.wire == WireDtype::kBFloat16) n += "_bf16";
+      return n;
+    });
+
+TEST(Inproc, NewcomerIsCaughtUpThenJoinsAndLeaverIsConfirmed) {
+  auto sender = WeightSender::Create(TestConfig(Backend::kGloo));
+  ASSERT_TRUE(sender.ok());
+  WeightSender& s = **sender;
+  auto a = CheckedReceiver::Make("a", s.endpoint(), WireDtype::kAsStored);
+  ASSERT_TRUE(s.WaitForMembers(1, Deadline::InMs(20000)).ok());
+  RunVersions(s, 1, 2);
+  // Join mid-run: the newcomer gets version 2 by catch-up before any new broadcast.
+  auto b = CheckedReceiver::Make("b", s.endpoint(), WireDtype::kAsStored);
+  ASSERT_TRUE(b->receiver->WaitForVersion(2, Deadline::InMs(20000)).ok());
+  EXPECT_EQ(b->receiver->stats().catch_ups, 1u);
+  ASSERT_TRUE(s.WaitForMembers(2, Deadline::InMs(20000)).ok());
+  RunVersions(s, 3, 3);
+  EXPECT_EQ(b->receiver->version(), 3u);
+  // Leave: confirmed by the next epoch, then the learner goes on with the rest.
+  ASSERT_TRUE(a->receiver->Leave(Deadline::InMs(20000)).ok());
+  RunVersions(s, 4, 4);
+  EXPECT_EQ(s.last_report().members, std::vector<std::string>{"b"});
+  EXPECT_EQ(a->receiver->version(), 3u);
+  EXPECT_EQ(b->receiver->version(), 4u);
+  EXPECT_EQ(a->mismatches + b->mismatches, 0);
+}
+
+TEST(Inproc, ReceiveWithoutSinkReturnsTheNewestVersion) {
+  auto sender = WeightSender::Create(TestConfig(Backend::kZmq));
+  ASSERT_TRUE(sender.ok());
+  ReceiverConfig rc;
+  rc.actor_id = "plain";
+  rc.learner_endpoint = (*sender)->endpoint();
+  rc.heartbeat_ms = 100;
+  auto r = WeightReceiver::Create(rc);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*sender)->WaitForMembers(1, Deadline::InMs(20000)).ok());
+  EXPECT_EQ((*r)->Receive(Deadline::InMs(50)).status().code(), Code::kTimeout);
+  RunVersions(**sender, 1, 3);
+  auto got = (*r)->Receive(Deadline::InMs(5000));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->version, 3u);  // 1 and 2 were superseded before we asked
+  EXPECT_TRUE(CompareWeights(got->named, MakeWeights(Seed(), 3, kSpec), WireDtype::kAsStored).ok());
+  // The tensors we hold stay valid across later broadcasts (they own their memory).
+  RunVersions(**sender, 4, 5);
+  EXPECT_TRUE(CompareWeights(got->named, MakeWeights(Seed(), 3, kSpec), WireDtype::kAsStored).ok());
+  auto next = (*r)->Receive(Deadline::InMs(5000));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->version, 5u);
+}
+
+TEST(Inproc, ShmServesRemoteNodesOverZmq) {
+  auto sender = WeightSender::Create(TestConfig(Backend::kShm));
+  ASSERT_TRUE(sender.ok());
+  auto local = CheckedReceiver::Make("local", (*sender)->endpoint(), WireDtype::kAsStored);
+  auto remote =
+      CheckedReceiver::Make("remote", (*sender)->endpoint(), WireDtype::kAsStored, "another-node");
+  ASSERT_TRUE((*sender)->WaitForMembers(2, Deadline::InMs(20000)).ok());
+  RunVersions(**sender, 1, 3);
+  EXPECT_EQ(local->receiver->version(), 3u);
+  EXPECT_EQ(remote->receiver->version(), 3u);
+  EXPECT_GT(remote->receiver->stats().bytes_received, 0u);
+  EXPECT_EQ(local->receiver->stats().bytes_received, 0u);  // mapped, never copied off a socket
+  EXPECT_EQ(local->mismatches + remote->mismatches, 0);
+}
+
+TEST(Inproc, SinkErrorIsReportedToTheLearner) {
+  BroadcastConfig cfg = TestConfig(Backend::kZmq);
+  cfg.max_attempts = 1;
+  auto sender = WeightSender::Create(cfg);
+  ASSERT_TRUE(sender.ok());
+  ReceiverConfig rc;
+  rc.actor_id = "picky";
+  rc.learner_endpoint = (*sender)->endpoint();
+  rc.heartbeat_ms = 100;
+  auto r = WeightReceiver::Create(rc, [](const ReceivedWeights& w) {
+    return w.version == 2 ? InvalidArgument("engine refused version 2") : Status::Ok();
+  });
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*sender)->WaitForMembers(1, Deadline::InMs(20000)).ok());
+  RunVersions(**sender, 1, 1);
+  Status st = (*sender)->Broadcast(2, MakeWeights(Seed(), 2, kSpec), Deadline::InMs(20000));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("engine refused version 2"), std::string::npos) << st.ToString();
+  EXPECT_EQ((*r)->version(), 1u);  // it keeps what it had
+  RunVersions(**sender, 3, 3);
+  EXPECT_EQ((*r)->version(), 3u);
+}
+
+TEST(Inproc, VersionsMustIncreaseAndBadTensorsAreRejected) {
+  auto sender = WeightSender::Create(TestConfig(Backend::kZmq));
+  ASSERT_TRUE(sender.ok());
+  RunVersions(**sender, 5, 5);
+  EXPECT_EQ((*sender)->Broadcast(5, MakeWeights(Seed(), 5, kSpec), Deadline::InMs(5000)).code(),
+            Code::kInvalidArgument);
+  NamedTensors bad{{"x", at::randn({2})}, {"x", at::randn({2})}};
+  Status st = (*sender)->Broadcast(6, bad, Deadline::InMs(5000));
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("appears twice"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::broadcast
