@@ -258,6 +258,7 @@ struct Ack {
   rejected @1 :List(Rejection);
   receiverIncarnation @2 :UInt64;
   deliveredThrough @3 :UInt64; # every seq below this was delivered to the receiving application (maybe not yet processed); 0 = unknown
+  processedThrough @4 :UInt64; # every seq below this was processed: accepted unless listed in `rejected` (unresolved rejections are repeated in every ack); 0 = unknown
 }
 
 struct Rejection {

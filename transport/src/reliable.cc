@@ -363,18 +363,25 @@ class ReliableSenderImpl {
         p->receiver_incarnation != 0 && inc != 0 && inc != p->receiver_incarnation;
     if (inc != 0) p->receiver_incarnation = inc;
     bool progress = false;
-    for (uint64_t seq : ack.getSeqs()) {
-      auto it = p->unacked.find(seq);
-      if (it == p->unacked.end()) continue;
-      Resolve(p, it, true, {}, outcomes);
-      progress = true;
-    }
+    // Rejections first: the cumulative floor below counts everything else
+    // under it as accepted.
     for (auto r : ack.getRejected()) {
       auto it = p->unacked.find(r.getSeq());
       if (it == p->unacked.end()) continue;
       TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "{} rejected seq {}: {}", p->name,
                           r.getSeq(), r.getReason().cStr());
       Resolve(p, it, false, r.getReason().cStr(), outcomes);
+      progress = true;
+    }
+    for (uint64_t seq : ack.getSeqs()) {
+      auto it = p->unacked.find(seq);
+      if (it == p->unacked.end()) continue;
+      Resolve(p, it, true, {}, outcomes);
+      progress = true;
+    }
+    const uint64_t processed = ack.getProcessedThrough();
+    while (!p->unacked.empty() && p->unacked.begin()->first < processed) {
+      Resolve(p, p->unacked.begin(), true, {}, outcomes);
       progress = true;
     }
     if (restarted) {
@@ -647,6 +654,18 @@ class ReliableReceiverImpl {
       if (pending_.empty()) return Status::Ok();
       const uint64_t incarnation = server_->identity().incarnation;
       for (auto& [pk, p] : pending_) {
+        // Rejections the sender may not have heard of yet (at or above its
+        // floor) ride along every ack, so a lost ack cannot turn one into an
+        // acceptance under processedThrough.
+        auto sit = streams_.find(pk.second);
+        if (sit != streams_.end()) {
+          for (auto r = sit->second.rejections.lower_bound(sit->second.last_floor);
+               r != sit->second.rejections.end(); ++r) {
+            bool listed = false;
+            for (auto& e : p.rejected) listed = listed || e.first == r->first;
+            if (!listed) p.rejected.emplace_back(r->first, r->second);
+          }
+        }
         Out o{pk.first, OutMessage()};
         auto ack = o.msg.envelope().getBody().initAck();
         auto seqs = ack.initSeqs(static_cast<unsigned>(p.seqs.size()));
@@ -658,7 +677,10 @@ class ReliableReceiverImpl {
         }
         ack.setReceiverIncarnation(incarnation);
         auto it = streams_.find(pk.second);
-        if (it != streams_.end()) ack.setDeliveredThrough(it->second.next_expected);
+        if (it != streams_.end()) {
+          ack.setDeliveredThrough(it->second.next_expected);
+          ack.setProcessedThrough(it->second.acked_below);
+        }
         outs.push_back(std::move(o));
       }
       pending_.clear();
@@ -710,6 +732,7 @@ class ReliableReceiverImpl {
     uint64_t acked_below = 0;  // every seq below was acked or rejected
     std::set<uint64_t> acked_above;
     std::map<uint64_t, std::string> rejections;  // recent, to answer duplicates
+    uint64_t last_floor = 0;                     // the sender's ack floor, last seen
     Clock::time_point last_active;
   };
   struct PendingAck {
@@ -770,6 +793,7 @@ class ReliableReceiverImpl {
     Stream& s = StreamLocked(key);
     s.last_active = Clock::now();
     const uint64_t floor = d.message.ack_floor();
+    s.last_floor = std::max(s.last_floor, floor);
     if (s.next_expected == 0) {
       // First contact (or we restarted): start where the sender's unacked
       // messages start.
@@ -786,15 +810,12 @@ class ReliableReceiverImpl {
     }
     ReceiptLocked(d.peer, key);
     if (seq < s.next_expected) {
+      // Already delivered. The receipt queued above answers it: its
+      // processedThrough / deliveredThrough (and any unresolved rejection)
+      // tell the sender everything it missed.
       ++stats_.duplicates;
-      if (seq < s.acked_below || s.acked_above.count(seq)) {
-        auto& p = pending_[{d.peer, key}];
-        auto rej = s.rejections.find(seq);
-        if (rej != s.rejections.end()) {
-          p.rejected.emplace_back(seq, rej->second);
-        } else {
-          p.seqs.push_back(seq);
-        }
+      if (seq >= s.acked_below && s.acked_above.count(seq)) {
+        pending_[{d.peer, key}].seqs.push_back(seq);  // acked out of order
         ++pending_count_;
       }
       return std::nullopt;
