@@ -1,0 +1,319 @@
+// Checkpoints: bit-exact resume, crash safety (a child process SIGKILLed in
+// every stage of a save leaves the previous checkpoint loadable), pruning and
+// clear errors for damaged checkpoints. The test binary re-executes itself as
+// the crashing child (--crash-child <root> <stage> <fd>).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+#include "troupe/core/check.h"
+#include "troupe/trainer/learner.h"
+
+namespace fs = std::filesystem;
+
+namespace troupe::trainer {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::OnPolicyBatch;
+using testing::SmallModel;
+
+// A fresh directory under the system temp dir, removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "troupe-trainer-XXXXXX").string();
+    TROUPE_CHECK(::mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+LearnerConfig ResumeConfig() {
+  LearnerConfig c;
+  c.lr = 3e-3;
+  c.warmup_steps = 2;
+  c.total_steps = 8;  // the resumed part runs in the cosine phase
+  c.max_policy_lag = 100;
+  c.kl_coef = 0.05;
+  c.entropy_coef = 0.01;
+  c.weight_decay = 0.01;
+  c.keep_checkpoints = 2;
+  return c;
+}
+
+std::unique_ptr<Learner> Make(const LearnerConfig& c, uint64_t seed) {
+  auto l = Learner::Create(c, SmallModel(seed), c.kl_coef > 0 ? SmallModel(seed + 1) : nullptr);
+  TROUPE_CHECK_MSG(l.ok(), "{}", l.status().ToString());
+  return std::move(l).value();
+}
+
+Demonstrations Demos() {
+  Demonstrations d;
+  for (int a = 4; a < 8; ++a) d.Add({1, a, 3}, {a + 1, a + 2, 2});
+  return d;
+}
+
+// Batches with fixed behaviour log-probs from a separate model, all tagged version 0.
+std::vector<TrainBatch> FixedBatches(int n) {
+  auto gen_model = SmallModel(5);
+  std::mt19937 rng(11);
+  std::vector<TrainBatch> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<testing::SeqSpec> seqs;
+    for (int g = 0; g < 3; ++g) {
+      std::vector<int32_t> prompt = {1, 4 + static_cast<int32_t>(rng() % 8), 3};
+      for (int k = 0; k < 4; ++k) {
+        std::vector<int32_t> resp;
+        for (int t = 0, len = 1 + static_cast<int>(rng() % 5); t < len; ++t) {
+          resp.push_back(static_cast<int32_t>(4 + rng() % 12));
+        }
+        seqs.push_back({prompt, resp, static_cast<float>(rng() % 3)});
+      }
+    }
+    out.push_back(OnPolicyBatch(*gen_model, "b" + std::to_string(i), 0, 4, seqs));
+  }
+  return out;
+}
+
+StepMetrics TrainOn(Learner& l, const TrainBatch& b) {
+  auto a = l.Offer(b);
+  TROUPE_CHECK_MSG(a.ok(), "{}", a.status().ToString());
+  auto m = l.Step();
+  TROUPE_CHECK_MSG(m.ok(), "{}", m.status().ToString());
+  return *m;
+}
+
+TEST(Checkpoint, ResumeGivesBitExactLosses) {
+  TempDir dir;
+  const auto batches = FixedBatches(6);
+  // Run A never stops; it checkpoints after 3 RL updates.
+  auto a = Make(ResumeConfig(), 1);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a->SupervisedStep(Demos()).ok());
+  for (int i = 0; i < 3; ++i) TrainOn(*a, batches[i]);
+  auto saved = a->SaveCheckpoint(dir.path());
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  std::vector<StepMetrics> ma;
+  for (int i = 3; i < 6; ++i) ma.push_back(TrainOn(*a, batches[i]));
+
+  // Run B starts from different random weights and resumes from the checkpoint.
+  auto b = Make(ResumeConfig(), 77);
+  ASSERT_TRUE(b->LoadCheckpoint(dir.path()).ok());
+  EXPECT_EQ(b->version(), 5u);
+  EXPECT_EQ(b->step(), 5u);
+  for (int i = 3; i < 6; ++i) {
+    StepMetrics mb = TrainOn(*b, batches[i]);
+    const StepMetrics& ref = ma[static_cast<size_t>(i - 3)];
+    EXPECT_EQ(mb.loss, ref.loss) << "update " << i;
+    EXPECT_EQ(mb.pg_loss, ref.pg_loss);
+    EXPECT_EQ(mb.kl, ref.kl);
+    EXPECT_EQ(mb.entropy, ref.entropy);
+    EXPECT_EQ(mb.grad_norm, ref.grad_norm);
+    EXPECT_EQ(mb.lr, ref.lr);
+    EXPECT_EQ(mb.version, ref.version);
+  }
+  auto wa = a->NamedWeights(), wb = b->NamedWeights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+  }
+  LearnerCounters ca = a->counters(), cb = b->counters();
+  EXPECT_EQ(ca.trained_batches, cb.trained_batches);
+  EXPECT_EQ(ca.updates, cb.updates);
+  EXPECT_EQ(ca.supervised_updates, cb.supervised_updates);
+  EXPECT_EQ(ca.trained_tokens, cb.trained_tokens);
+}
+
+TEST(Checkpoint, KeepsNewestAndLatestPointsAtIt) {
+  TempDir dir;
+  auto l = Make(ResumeConfig(), 1);
+  std::string last;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(l->SupervisedStep(Demos()).ok());
+    auto p = l->SaveCheckpoint(dir.path());
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    last = *p;
+  }
+  int dirs = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) dirs += e.is_directory();
+  EXPECT_EQ(dirs, 2);  // keep_checkpoints
+  EXPECT_EQ(ResolveCheckpoint(dir.path()).value(), last);
+  EXPECT_TRUE(fs::exists(fs::path(last) / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(last) / "reference.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(last) / "optimizer.pt"));
+  // Saving twice at one step gives two distinct checkpoints.
+  auto again = l->SaveCheckpoint(dir.path());
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(*again, last);
+  EXPECT_EQ(ResolveCheckpoint(dir.path()).value(), *again);
+}
+
+TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreClearErrors) {
+  TempDir dir;
+  auto src = Make(ResumeConfig(), 1);
+  ASSERT_TRUE(src->SupervisedStep(Demos()).ok());
+  auto path = src->SaveCheckpoint(dir.path());
+  ASSERT_TRUE(path.ok());
+
+  auto l = Make(ResumeConfig(), 2);
+  const auto before = l->NamedWeights()[0].second.clone();
+  EXPECT_EQ(l->LoadCheckpoint(dir.path() + "/nope").code(), Code::kNotFound);
+
+  // Truncated weights.
+  TempDir broken;
+  fs::copy(*path, broken.path(), fs::copy_options::recursive);
+  fs::resize_file(fs::path(broken.path()) / "model.safetensors", 100);
+  Status st = l->LoadCheckpoint(broken.path());
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("model.safetensors"));
+  // Junk state.
+  std::ofstream(fs::path(broken.path()) / "state.json") << "{not json";
+  st = l->LoadCheckpoint(broken.path());
+  EXPECT_EQ(st.code(), Code::kMalformed);
+  EXPECT_THAT(st.message(), HasSubstr("state.json"));
+  // Corrupt optimizer archive.
+  TempDir broken2;
+  fs::copy(*path, broken2.path(), fs::copy_options::recursive);
+  std::ofstream(fs::path(broken2.path()) / "optimizer.pt", std::ios::trunc) << "garbage";
+  st = l->LoadCheckpoint(broken2.path());
+  EXPECT_EQ(st.code(), Code::kMalformed);
+  EXPECT_THAT(st.message(), HasSubstr("optimizer.pt"));
+  // A checkpoint of a differently shaped model.
+  engine::ModelConfig other = testing::SmallModelConfig();
+  other.d_model = 48;
+  other.ffn_dim = 96;
+  LearnerConfig c = ResumeConfig();
+  auto big = Learner::Create(c, std::make_shared<engine::LlamaModel>(other, 1),
+                             std::make_shared<engine::LlamaModel>(other, 2));
+  ASSERT_TRUE(big.ok());
+  TempDir other_dir;
+  ASSERT_TRUE((*big)->SaveCheckpoint(other_dir.path()).ok());
+  st = l->LoadCheckpoint(other_dir.path());
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("shape"));
+  // Nothing of the failed loads stuck.
+  EXPECT_TRUE(at::equal(before, l->NamedWeights()[0].second));
+  EXPECT_EQ(l->version(), 0u);
+  // A busy learner refuses to load.
+  ASSERT_TRUE(l->Offer(FixedBatches(1)[0]).ok());
+  EXPECT_THAT(l->LoadCheckpoint(dir.path()).message(), HasSubstr("idle"));
+}
+
+// ---------------------------------------------------------------- crash safety
+
+// The child: one complete checkpoint (version 1), then a second save (version
+// 2) that stops at `stage`, reports on `fd` and waits to be killed.
+int CrashChild(const std::string& root, const std::string& stage, int fd) {
+  at::set_num_threads(1);
+  auto l = Make(ResumeConfig(), 1);
+  if (!l->SupervisedStep(Demos()).ok() || !l->SaveCheckpoint(root).ok()) return 2;
+  if (!l->SupervisedStep(Demos()).ok()) return 2;
+  CheckpointHooks hooks;
+  hooks.on_stage = [&](std::string_view s) {
+    if (s != stage) return;
+    if (::write(fd, "K", 1) != 1) std::_Exit(4);
+    for (;;) ::pause();  // the parent SIGKILLs us here
+  };
+  auto r = l->SaveCheckpoint(root, hooks);
+  return r.ok() ? 3 : 5;  // reaching here means the stage never came
+}
+
+// Kills the child at exit if the test bails out early.
+struct ChildGuard {
+  pid_t pid = -1;
+  ~ChildGuard() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+class CrashDuringSave : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CrashDuringSave, PreviousCheckpointStaysLoadable) {
+  const std::string stage = GetParam();
+  TempDir dir;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ChildGuard child;
+  child.pid = ::fork();
+  ASSERT_GE(child.pid, 0);
+  if (child.pid == 0) {
+    ::close(fds[0]);
+    const std::string fd = std::to_string(fds[1]);
+    ::execl("/proc/self/exe", "trainer_checkpoint_test", "--crash-child", dir.path().c_str(),
+            stage.c_str(), fd.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  pollfd p{fds[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 90000), 1) << "child did not reach stage " << stage;
+  char c = 0;
+  ASSERT_EQ(::read(fds[0], &c, 1), 1) << "child exited before stage " << stage;
+  ::close(fds[0]);
+  ASSERT_EQ(::kill(child.pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child.pid, &status, 0), child.pid);
+  child.pid = -1;
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  // `latest` names a complete checkpoint: the first one, or the second once
+  // the pointer moved.
+  at::set_num_threads(1);
+  auto l = Make(ResumeConfig(), 9);
+  Status st = l->LoadCheckpoint(dir.path());
+  ASSERT_TRUE(st.ok()) << stage << ": " << st.ToString();
+  const uint64_t expected_version = stage == std::string("latest") ? 2 : 1;
+  EXPECT_EQ(l->version(), expected_version) << stage;
+  // Same weights as a process that made the same updates.
+  auto twin = Make(ResumeConfig(), 1);
+  for (uint64_t i = 0; i < expected_version; ++i) ASSERT_TRUE(twin->SupervisedStep(Demos()).ok());
+  auto wl = l->NamedWeights(), wt = twin->NamedWeights();
+  for (size_t i = 0; i < wl.size(); ++i) {
+    EXPECT_TRUE(at::equal(wl[i].second, wt[i].second)) << stage << " " << wl[i].first;
+  }
+  // The next save clears the debris of the killed one.
+  ASSERT_TRUE(l->SaveCheckpoint(dir.path()).ok());
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << e.path();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CrashDuringSave,
+                         ::testing::Values("model", "reference", "optimizer", "rng", "state",
+                                           "synced", "renamed", "latest"));
+
+}  // namespace
+}  // namespace troupe::trainer
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--crash-child") {
+    return troupe::trainer::CrashChild(argv[2], argv[3], std::atoi(argv[4]));
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
