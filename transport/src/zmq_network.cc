@@ -468,21 +468,18 @@ void ZmqSocket::DrainMonitor() {
     }
     const bool more = zmq_msg_more(&m);
     zmq_msg_close(&m);
-    std::string addr;
-    if (more) {  // second frame: the peer address
+    if (more) {  // second frame: the endpoint
       zmq_msg_init(&m);
-      if (zmq_msg_recv(&m, monitor_, ZMQ_DONTWAIT) >= 0) {
-        addr.assign(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-      }
+      (void)zmq_msg_recv(&m, monitor_, ZMQ_DONTWAIT);
       zmq_msg_close(&m);
     }
     if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                  ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
       Bump(net_->counters().handshake_failures);
       TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000,
-                          "{}: refused a connection from {} (handshake failed, event 0x{:x} code "
-                          "0x{:x})",
-                          endpoint_, addr, event, value);
+                          "{}: refused a connection (handshake failed: event 0x{:x}, ZMTP/ZAP "
+                          "code 0x{:x}; wrong or missing CURVE keys, or not a Troupe peer)",
+                          endpoint_, event, value);
     }
   }
 }
