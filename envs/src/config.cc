@@ -168,4 +168,30 @@ Status ValidateTasks(const std::vector<TaskConfig>& tasks) {
   return Status::Ok();
 }
 
+Status ValidateRewardRouting(const std::vector<TaskConfig>& tasks,
+                             const RewardClientConfig& client) {
+  TROUPE_RETURN_IF_ERROR(ValidateTasks(tasks));
+  TROUPE_RETURN_IF_ERROR(client.Validate());
+  for (const auto& t : tasks) {
+    if (t.scoring != "external") continue;
+    if (client.services.empty())
+      return InvalidArgument(
+          "task '{}' uses scoring: external but no reward services are configured", t.name);
+    if (t.service.empty()) {
+      if (client.default_service.empty())
+        return InvalidArgument(
+            "task '{}' uses scoring: external without a service, and there is no "
+            "default_service",
+            t.name);
+      continue;
+    }
+    bool found = false;
+    for (const auto& s : client.services) found = found || s.name == t.service;
+    if (!found)
+      return InvalidArgument("task '{}': service '{}' is not one of the configured reward services",
+                             t.name, t.service);
+  }
+  return Status::Ok();
+}
+
 }  // namespace troupe::envs

@@ -145,5 +145,10 @@ bool IsMultiTurnKind(const std::string& kind);
 
 // Validates every task and that names are unique.
 Status ValidateTasks(const std::vector<TaskConfig>& tasks);
+// Validates the reward client and that every task with scoring "external" can
+// be routed: its `service` is configured, or it names none and there is a
+// default_service.
+Status ValidateRewardRouting(const std::vector<TaskConfig>& tasks,
+                             const RewardClientConfig& client);
 
 }  // namespace troupe::envs

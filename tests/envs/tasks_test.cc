@@ -1,0 +1,298 @@
+// Built-in tasks: determinism, disjoint splits, prompt formats, verifiers,
+// demonstrations and config errors.
+#include <regex>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "troupe/envs/tasks.h"
+#include "troupe/envs/verify.h"
+
+namespace troupe::envs {
+namespace {
+
+TaskConfig Config(const std::string& kind) {
+  TaskConfig c;
+  c.name = kind;
+  if (kind == "wordle") c.eval_size = 50;
+  return c;
+}
+
+std::unique_ptr<Task> Make(const TaskConfig& c) {
+  auto t = MakeTask(c);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+const Message& UserOf(const Prompt& p) {
+  return p.messages.back();
+}
+
+TEST(Tasks, DefaultReverseTaskMatchesTheDefaultJob) {
+  auto task = Make(Config("reverse"));
+  ASSERT_TRUE(task);
+  EXPECT_EQ(task->size(Split::kEval), 200u);
+  EXPECT_EQ(task->size(Split::kTrain), kUnbounded);
+  std::regex word("[a-z]{3,6}");
+  for (uint64_t i = 0; i < 500; ++i) {
+    Prompt p = task->GetPrompt(Split::kTrain, i);
+    ASSERT_EQ(p.messages.size(), 1u);
+    EXPECT_EQ(p.messages[0].role, Role::kUser);
+    const std::string& w = p.messages[0].content;
+    EXPECT_TRUE(std::regex_match(w, word)) << w;
+    EXPECT_EQ(p.reference, std::string(w.rbegin(), w.rend()));
+    EXPECT_EQ(p.id, "reverse/train/" + std::to_string(i));
+  }
+}
+
+TEST(Tasks, GenerationIsDeterministicAndSeeded) {
+  for (const char* kind :
+       {"reverse", "sort", "add", "word_problem", "file_reverse", "file_sort", "wordle"}) {
+    SCOPED_TRACE(kind);
+    auto a = Make(Config(kind)), b = Make(Config(kind));
+    TaskConfig other = Config(kind);
+    other.seed = 99;
+    auto c = Make(other);
+    ASSERT_TRUE(a && b && c);
+    int differ = 0;
+    for (uint64_t i = 0; i < 50; ++i) {
+      Prompt pa = a->GetPrompt(Split::kTrain, i), pb = b->GetPrompt(Split::kTrain, i);
+      EXPECT_EQ(UserOf(pa).content, UserOf(pb).content);
+      EXPECT_EQ(pa.reference, pb.reference);
+      EXPECT_EQ(pa.metadata, pb.metadata);
+      differ += c->GetPrompt(Split::kTrain, i).reference != pa.reference;
+    }
+    EXPECT_GT(differ, 10) << "another seed must give other prompts";
+  }
+}
+
+// The problem identity of a prompt: the user text, plus the reference for
+// tasks whose user text is the same for every prompt (multi-turn ones).
+std::string Key(const Prompt& p) {
+  return UserOf(p).content + "|" + p.metadata + "|" + p.reference;
+}
+
+TEST(Tasks, TrainAndEvalSplitsAreDisjoint) {
+  for (const char* kind :
+       {"reverse", "sort", "add", "word_problem", "file_reverse", "file_sort", "wordle"}) {
+    SCOPED_TRACE(kind);
+    TaskConfig c = Config(kind);
+    if (std::string(kind) == "reverse") c.max_len = 3;  // 17576 words: collisions would show
+    auto task = Make(c);
+    ASSERT_TRUE(task);
+    std::set<std::string> eval;
+    for (uint64_t i = 0; i < task->size(Split::kEval); ++i)
+      eval.insert(Key(task->GetPrompt(Split::kEval, i)));
+    EXPECT_EQ(eval.size(), task->size(Split::kEval)) << "eval prompts are distinct";
+    for (uint64_t i = 0; i < 5000; ++i) {
+      Prompt p = task->GetPrompt(Split::kTrain, i);
+      ASSERT_EQ(eval.count(Key(p)), 0u)
+          << "train prompt " << i << " is in the eval split: " << Key(p);
+    }
+  }
+}
+
+TEST(Tasks, CompactAndVerbosePromptFormats) {
+  TaskConfig c = Config("add");
+  auto add = Make(c);
+  std::regex sum("([0-9]+)\\+([0-9]+)");
+  for (uint64_t i = 0; i < 200; ++i) {
+    Prompt p = add->GetPrompt(Split::kTrain, i);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(UserOf(p).content, m, sum)) << UserOf(p).content;
+    EXPECT_EQ(std::stoll(p.reference), std::stoll(m[1]) + std::stoll(m[2]));
+    EXPECT_LE(m[1].length(), 3);
+  }
+  c.prompt_style = "verbose";
+  auto verbose = Make(c);
+  EXPECT_EQ(verbose->GetPrompt(Split::kTrain, 0).messages[0].content.rfind("What is ", 0), 0u);
+  auto sort = Make(Config("sort"));
+  Prompt sp = sort->GetPrompt(Split::kTrain, 3);
+  ASSERT_EQ(UserOf(sp).content.rfind("sort ", 0), 0u);
+  std::string letters = UserOf(sp).content.substr(5);
+  std::sort(letters.begin(), letters.end());
+  EXPECT_EQ(sp.reference, letters);
+}
+
+TEST(Tasks, WordProblemAnswersAreRight) {
+  auto task = Make(Config("word_problem"));
+  std::regex plus("\\w+ has (\\d+) \\w+ and buys (\\d+) more\\. how many \\w+ now\\?");
+  std::regex minus("\\w+ has (\\d+) \\w+ and gives away (\\d+)\\. how many are left\\?");
+  std::regex times("\\w+ buys (\\d+) bags of (\\d+) \\w+\\. how many \\w+\\?");
+  std::regex share("\\w+ shares (\\d+) \\w+ among (\\d+) friends\\. how many does each get\\?");
+  int seen[4] = {};
+  for (uint64_t i = 0; i < 400; ++i) {
+    Prompt p = task->GetPrompt(Split::kTrain, i);
+    const std::string& t = UserOf(p).content;
+    std::smatch m;
+    long long want = -1;
+    if (std::regex_match(t, m, plus)) {
+      want = std::stoll(m[1]) + std::stoll(m[2]);
+      ++seen[0];
+    } else if (std::regex_match(t, m, minus)) {
+      want = std::stoll(m[1]) - std::stoll(m[2]);
+      ++seen[1];
+    } else if (std::regex_match(t, m, times)) {
+      want = std::stoll(m[1]) * std::stoll(m[2]);
+      ++seen[2];
+    } else if (std::regex_match(t, m, share)) {
+      ASSERT_EQ(std::stoll(m[1]) % std::stoll(m[2]), 0) << t;
+      want = std::stoll(m[1]) / std::stoll(m[2]);
+      ++seen[3];
+    }
+    ASSERT_GE(want, 0) << "unexpected problem text: " << t;
+    EXPECT_EQ(p.reference, std::to_string(want)) << t;
+  }
+  for (int k = 0; k < 4; ++k) EXPECT_GT(seen[k], 0) << "template " << k << " never drawn";
+}
+
+TEST(Tasks, EveryRenderedCharacterIsPrintableAscii) {
+  for (const char* style : {"compact", "verbose"}) {
+    for (const char* kind :
+         {"reverse", "sort", "add", "word_problem", "file_reverse", "file_sort", "wordle"}) {
+      TaskConfig c = Config(kind);
+      c.prompt_style = style;
+      c.tool_instructions = true;
+      auto task = Make(c);
+      for (uint64_t i = 0; i < 50; ++i) {
+        Prompt p = task->GetPrompt(Split::kTrain, i);
+        std::string all = p.reference;
+        for (const auto& m : p.messages) all += m.content;
+        for (char ch : all) {
+          auto u = static_cast<unsigned char>(ch);
+          ASSERT_TRUE(u == '\n' || (u >= 0x20 && u < 0x7f)) << kind << " renders byte " << int(u);
+        }
+      }
+    }
+  }
+}
+
+TEST(Verifiers, ExactAndPartialCredit) {
+  EXPECT_EQ(ExactMatch(" cba\n", "cba"), 1.0);
+  EXPECT_EQ(ExactMatch("cbb", "cba"), 0.0);
+  EXPECT_DOUBLE_EQ(PositionalCredit("cbx", "cba"), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(PositionalCredit("cb", "cba"), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(PositionalCredit("cbaa", "cba"), 3.0 / 4);
+  EXPECT_EQ(PositionalCredit("", "cba"), 0.0);
+  EXPECT_DOUBLE_EQ(RightAlignedCredit("347", "357"), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(RightAlignedCredit("57", "357"), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(EditDistanceCredit("kitten", "sitting"), 1.0 - 3.0 / 7);
+  EXPECT_EQ(EditDistanceCredit("same", "same"), 1.0);
+  std::string big(100000, 'a');
+  double v = EditDistanceCredit(big, big + "b");  // cut to kMaxEditChars: stays cheap
+  EXPECT_TRUE(v >= 0.0 && v <= 1.0);
+}
+
+TEST(Verifiers, TasksScoreExactOrPartial) {
+  TaskConfig c = Config("reverse");
+  auto exact = Make(c);
+  c.scoring = "partial";
+  auto partial = Make(c);
+  VerifyInput in{"abc=", "cbx", "cba", ""};
+  EXPECT_EQ(exact->Verify(in).reward, 0.0);
+  EXPECT_DOUBLE_EQ(partial->Verify(in).reward, 2.0 / 3);
+  in.response = "cba";
+  EXPECT_EQ(partial->Verify(in).reward, 1.0);
+  EXPECT_TRUE(partial->Verify(in).ok());
+  c = Config("add");
+  c.scoring = "partial";
+  auto add = Make(c);
+  EXPECT_DOUBLE_EQ(add->Verify({"", "347", "357", ""}).reward, 2.0 / 3);
+  c.scoring = "external";
+  auto ext = Make(c);
+  EXPECT_FALSE(ext->local_verifier());
+  VerifyResult r = ext->Verify({"", "357", "357", ""});
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.reward, 0.0);
+}
+
+TEST(Tasks, SingleTurnDemonstrationsScoreOne) {
+  for (const char* kind : {"reverse", "sort", "add", "word_problem"}) {
+    auto task = Make(Config(kind));
+    for (uint64_t i = 0; i < 20; ++i) {
+      Prompt p = task->GetPrompt(Split::kEval, i);
+      auto demo = task->Demonstration(p);
+      ASSERT_TRUE(demo.ok());
+      ASSERT_EQ(demo->size(), 1u);
+      EXPECT_EQ((*demo)[0].role, Role::kAssistant);
+      EXPECT_EQ(task->Verify({"", (*demo)[0].content, p.reference, p.metadata}).reward, 1.0);
+    }
+    EXPECT_FALSE(task->multi_turn());
+    EXPECT_FALSE(task->NewEnvironment(task->GetPrompt(Split::kTrain, 0)).ok());
+  }
+}
+
+TEST(TaskConfig, ErrorsNameTheProblem) {
+  auto expect_error = [](TaskConfig c, const std::string& needle) {
+    Status s = c.Validate();
+    EXPECT_FALSE(s.ok()) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  TaskConfig c = Config("reverse");
+  c.kind = "palindrome";
+  expect_error(c, "palindrome");
+  c = Config("reverse");
+  c.min_len = 5;
+  c.max_len = 2;
+  expect_error(c, "min_len = 5");
+  c = Config("reverse");
+  c.scoring = "fuzzy";
+  expect_error(c, "fuzzy");
+  c = Config("reverse");
+  c.service = "math";
+  expect_error(c, "service 'math'");
+  c = Config("wordle");
+  c.word_length = 7;
+  expect_error(c, "word_length = 7");
+  c = Config("wordle");
+  c.scoring = "external";
+  expect_error(c, "multi-turn");
+  c = Config("reverse");
+  c.name = "bad name";
+  expect_error(c, "bad name");
+  c = Config("jsonl");
+  expect_error(c, "path");
+  c = Config("file_sort");
+  c.workspace.root = "relative/dir";
+  expect_error(c, "workspace.root");
+  EXPECT_FALSE(ValidateTasks({Config("reverse"), Config("reverse")}).ok());
+}
+
+TEST(TaskConfig, EvalSizeBeyondTheProblemSpaceIsRejected) {
+  TaskConfig c = Config("reverse");
+  c.min_len = c.max_len = 1;  // 26 words
+  c.eval_size = 20;
+  auto t = MakeTask(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("eval_size = 20"), std::string::npos)
+      << t.status().ToString();
+  c.eval_size = 13;
+  auto ok = MakeTask(c);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  std::set<std::string> train;
+  for (uint64_t i = 0; i < 400; ++i) train.insert((*ok)->GetPrompt(Split::kTrain, i).reference);
+  EXPECT_EQ(train.size(), 13u) << "the 13 words not held out";
+  c = Config("wordle");
+  c.eval_size = 200;  // more than half of the 4-letter list
+  EXPECT_FALSE(MakeTask(c).ok());
+}
+
+TEST(TaskRegistry, BuildsAndFindsTasks) {
+  auto reg = TaskRegistry::Create({Config("reverse"), Config("add")});
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  EXPECT_EQ((*reg)->size(), 2u);
+  ASSERT_NE((*reg)->Find("add"), nullptr);
+  EXPECT_EQ((*reg)->Find("add")->name(), "add");
+  EXPECT_EQ((*reg)->Find("nope"), nullptr);
+  TaskConfig named = Config("reverse");
+  named.name = "rev_long";
+  named.kind = "reverse";
+  named.min_len = 8;
+  named.max_len = 10;
+  auto reg2 = TaskRegistry::Create({named});
+  ASSERT_TRUE(reg2.ok());
+  EXPECT_GE((*reg2)->Find("rev_long")->GetPrompt(Split::kTrain, 0).reference.size(), 8u);
+}
+
+}  // namespace
+}  // namespace troupe::envs
