@@ -1,6 +1,6 @@
 // troupe-actor: the one generic actor host binary. `--role` picks the role.
 //
-//   troupe-actor --role rollout --id rollout-1 --head tcp://10.0.0.1:41000 \
+//   troupe-actor --role rollout --id rollout-1 --head tcp://10.0.0.1:41000
 //                --run-dir runs/job-20261130-101500 [--config FILE] [--secrets-stdin]
 //
 // It registers with the head, runs the role, heartbeats, exits cleanly on
@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
   }
   lo.color = false;
   log::Init(args.id, lo);
+  // Every line reaches the head (logs/<id>.log); stderr (logs/<id>.out) keeps
+  // warnings, errors and whatever a crash prints, so nothing is written twice.
+  log::SetStderrLevel(spdlog::level::warn);
   auto& logger = log::Get("actors");
 
   transport::ZmqNetworkOptions no;

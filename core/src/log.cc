@@ -104,6 +104,12 @@ void RemoveSink(const std::shared_ptr<spdlog::sinks::sink>& sink) {
   s.dist->remove_sink(sink);
 }
 
+void SetStderrLevel(spdlog::level::level_enum level) {
+  State& s = S();
+  std::lock_guard<std::mutex> g(s.mu);
+  if (s.stderr_sink) s.stderr_sink->set_level(level);
+}
+
 void SetLevel(spdlog::level::level_enum level) {
   State& s = S();
   std::lock_guard<std::mutex> g(s.mu);

@@ -184,10 +184,12 @@ class Head::Impl {
     auto it = actors_.find(id);
     return it == actors_.end() ? nullptr : &it->second;
   }
+  // Actors of a role that count toward its desired size (a given-up actor
+  // keeps its slot: replacing it under a new id would defeat max_restarts).
   size_t LiveCount(const std::string& role) const {
     size_t n = 0;
     for (auto& [id, r] : actors_)
-      if (r.role == role && !r.remove_on_exit && !r.given_up) ++n;
+      if (r.role == role && !r.remove_on_exit) ++n;
     return n;
   }
   void SetState(Record& r, ActorState s) {

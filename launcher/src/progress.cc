@@ -73,7 +73,7 @@ std::vector<std::string> Progress::TakeLines() {
 
 std::map<std::string, double> Progress::Stats() const {
   std::map<std::string, double> s;
-  s["step"] = static_cast<double>(step_);
+  if (!train_.empty()) s["step"] = static_cast<double>(step_);
   for (const char* k :
        {"reward_mean", "lag_mean", "train_tokens_per_s", "max_steps", "elapsed_s"}) {
     double v = Get(train_, k);
@@ -88,6 +88,7 @@ std::map<std::string, double> Progress::Stats() const {
 std::vector<std::string> Progress::SummaryLines(const std::map<std::string, double>& l,
                                                 const std::map<std::string, double>& a) const {
   std::vector<std::string> out;
+  if (l.empty() && a.empty()) return out;
   std::string prefix = live_ ? "\r\033[K" : "";
   out.push_back(prefix + "summary:");
   if (!l.empty()) {

@@ -52,19 +52,6 @@ std::string FindActorBinary(const ClusterSpec& c) {
   return FindExecutable("troupe-actor");
 }
 
-// Splits "[RUN] ARGS..." where RUN is optional: a token is a run if it names
-// a run folder (path or name under the runs dir) and is not the last required arg.
-std::string TakeRun(std::vector<std::string>* pos, const std::string& runs_dir,
-                    size_t required_after) {
-  if (pos->size() > required_after) {
-    std::string run = pos->front();
-    pos->erase(pos->begin());
-    return run;
-  }
-  (void)runs_dir;
-  return "";
-}
-
 // ---------------------------------------------------------------- run
 
 struct RunArgs {

@@ -39,6 +39,8 @@ spdlog::logger& Get(const std::string& component);
 // Adds a sink every logger writes to (e.g. the head forwarder). Thread-safe.
 void AddSink(std::shared_ptr<spdlog::sinks::sink> sink);
 void RemoveSink(const std::shared_ptr<spdlog::sinks::sink>& sink);
+// Minimum level of the stderr sink only (other sinks keep the logger level).
+void SetStderrLevel(spdlog::level::level_enum level);
 // Sets the level of every logger.
 void SetLevel(spdlog::level::level_enum level);
 // Parses "trace|debug|info|warn|error|off"; returns false on unknown names.

@@ -1,0 +1,262 @@
+// Integration tests of the head with real troupe-actor processes (echo role):
+// registration, status, restart after SIGKILL, scale up/down, stop, logs -f,
+// and actors exiting by themselves when the head dies.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "troupe/core/log.h"
+#include "troupe/launcher/control_client.h"
+#include "troupe/launcher/head.h"
+#include "troupe/launcher/run_dir.h"
+#include "troupe/launcher/subprocess.h"
+#include "troupe/transport/zmq_network.h"
+
+namespace troupe::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string BuildDir() {
+  const char* b = std::getenv("TROUPE_BUILD_DIR");
+  return b ? b : "build";
+}
+
+// Polls `pred` until true or the deadline (the processes under test give us
+// nothing to wait on but their answers).
+template <typename Pred>
+bool Eventually(Pred pred, int timeout_ms = 20000) {
+  auto d = Deadline::InMs(timeout_ms);
+  while (!d.expired()) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return pred();
+}
+
+bool Alive(int pid) {
+  return pid > 0 && ::kill(pid, 0) == 0;
+}
+
+class HeadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) /
+            ("head_test." + std::to_string(::getpid()) + "." +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    auto run = CreateRunDir(root_.string(), "echo");
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    run_ = *run;
+    std::ofstream(run_.config())
+        << "name: echo\nhead: {heartbeat_interval_ms: 100, heartbeat_timeout_ms: 2000, "
+           "head_grace_ms: 3000}\n";
+  }
+  void TearDown() override {
+    if (head_) {
+      head_->RequestStop();
+      if (thread_.joinable()) thread_.join();
+      head_.reset();
+    }
+    for (int pid : seen_pids_)
+      EXPECT_FALSE(Alive(pid)) << "actor pid " << pid << " outlived the test";
+    fs::remove_all(root_);
+  }
+
+  void StartHead(uint32_t echo_count, uint32_t max_restarts = 3) {
+    HeadOptions o;
+    o.job_name = "echo";
+    o.run = run_;
+    o.spec.heartbeat_interval_ms = 100;
+    o.spec.heartbeat_timeout_ms = 2000;
+    o.spec.head_grace_ms = 3000;
+    o.spec.stop_grace_ms = 5000;
+    RoleProcess echo;
+    echo.count = echo_count;
+    echo.max_restarts = max_restarts;
+    echo.restart_backoff_ms = 50;
+    o.roles["echo"] = echo;
+    o.completion_role = "";
+    o.actor_binary = BuildDir() + "/actors/troupe-actor";
+    transport::ZmqNetworkOptions no;
+    no.identity.actor_id = "head";
+    auto net = transport::NewZmqNetwork(no);
+    ASSERT_TRUE(net.ok());
+    auto head = Head::Create(o, std::move(net).value(), NewLocalSpawner());
+    ASSERT_TRUE(head.ok()) << head.status().ToString();
+    head_ = std::move(head).value();
+    ASSERT_TRUE(WriteHeadInfo(run_, HeadInfo{head_->endpoint(), ::getpid(), "echo"}).ok());
+    thread_ = std::thread([this] { run_status_ = head_->Run(); });
+  }
+
+  ControlResult Status() {
+    auto r = SendControl(run_, "status", Deadline::InMs(5000));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return {};
+    for (auto& a : r->actors) seen_pids_.insert(a.pid);
+    seen_pids_.erase(0);
+    return *r;
+  }
+  int ReadyCount() {
+    int n = 0;
+    for (auto& a : Status().actors) n += a.state == "ready";
+    return n;
+  }
+
+  fs::path root_;
+  RunDir run_;
+  std::unique_ptr<Head> head_;
+  std::thread thread_;
+  troupe::Status run_status_;
+  std::set<int> seen_pids_;
+};
+
+TEST_F(HeadTest, ActorsRegisterAndStatusListsThem) {
+  StartHead(2);
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 2; }));
+  auto st = Status();
+  ASSERT_EQ(st.actors.size(), 2u);
+  EXPECT_EQ(st.actors[0].id, "echo-0");
+  EXPECT_EQ(st.actors[1].role, "echo");
+  EXPECT_GT(st.actors[0].pid, 0);
+  EXPECT_GT(st.actors[0].last_heartbeat_ns, 0);
+  // Every actor's log lines reach the head and land in logs/<actor>.log.
+  ASSERT_TRUE(Eventually([&] {
+    auto t = ReadFile(run_.log_file("echo-1"));
+    return t.ok() && t->find("[echo-1] actors: echo serving at") != std::string::npos;
+  }));
+}
+
+TEST_F(HeadTest, KilledActorIsRestarted) {
+  StartHead(1);
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 1; }));
+  int pid = Status().actors[0].pid;
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(Eventually([&] {
+    auto a = Status().actors;
+    return a.size() == 1 && a[0].restarts == 1 && a[0].state == "ready" && a[0].pid != pid;
+  }));
+}
+
+TEST_F(HeadTest, GivesUpAfterMaxRestarts) {
+  StartHead(1, /*max_restarts=*/1);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(Eventually([&] { return ReadyCount() == 1; }));
+    ASSERT_EQ(::kill(Status().actors[0].pid, SIGKILL), 0);
+    ASSERT_TRUE(Eventually([&] { return ReadyCount() == 0; }));
+  }
+  ASSERT_TRUE(Eventually([&] {
+    auto a = Status().actors;
+    return a.size() == 1 && a[0].state == "failed";
+  }));
+}
+
+TEST_F(HeadTest, ScaleUpAndDownDrainsNewestFirst) {
+  StartHead(1);
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 1; }));
+  auto up = SendControl(run_, "scale", Deadline::InMs(5000), "echo", 3);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 3; }));
+  auto down = SendControl(run_, "scale", Deadline::InMs(5000), "echo", 1);
+  ASSERT_TRUE(down.ok());
+  ASSERT_TRUE(Eventually([&] {
+    auto a = Status().actors;
+    return a.size() == 1 && a[0].id == "echo-0" && a[0].state == "ready";
+  }));
+  auto bad = SendControl(run_, "scale", Deadline::InMs(5000), "learner", 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("only rollout and reward"), std::string::npos);
+}
+
+TEST_F(HeadTest, StopEndsEveryActor) {
+  StartHead(2);
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 2; }));
+  auto pids = seen_pids_;
+  auto r = SendControl(run_, "stop", Deadline::InMs(5000));
+  ASSERT_TRUE(r.ok());
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok()) << run_status_.ToString();
+  for (int pid : pids) EXPECT_TRUE(Eventually([&] { return !Alive(pid); }, 5000));
+  EXPECT_TRUE(head_->summary().stopped);
+}
+
+TEST_F(HeadTest, UnknownRunAndDeadHeadAreClearErrors) {
+  auto missing = ResolveRunDir(root_.string(), "no-such-run");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("unknown run 'no-such-run'"), std::string::npos);
+  // head.json pointing at a port nobody serves.
+  ASSERT_TRUE(WriteHeadInfo(run_, HeadInfo{"tcp://127.0.0.1:1", 0, "x"}).ok());
+  auto r = SendControl(run_, "status", Deadline::InMs(1500));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no answer from the head"), std::string::npos)
+      << r.status().message();
+}
+
+// The CLI end to end: `troupe run` in the background, `logs -f` follows new
+// lines, and SIGKILL of the head makes every actor exit within the grace period.
+TEST(TroupeCli, LogsFollowAndActorsOutliveNoDeadHead) {
+  fs::path dir = fs::path(::testing::TempDir()) / ("cli_test." + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream cfg(dir / "echo.yaml");
+    cfg << "name: cli\nlearner: {count: 0}\nrollout: {count: 0}\nreward: {count: 0}\necho: {count: "
+           "1}\n"
+        << "head: {heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000, head_grace_ms: 1500}\n";
+  }
+  std::string troupe = BuildDir() + "/launcher/troupe";
+  std::string runs = (dir / "runs").string();
+  SpawnOptions so;
+  so.argv = {troupe, "--runs-dir", runs, "run", (dir / "echo.yaml").string()};
+  so.output_file = (dir / "head.out").string();
+  auto head = Subprocess::Spawn(so);
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  // Wait for the run folder and the actor.
+  Result<RunDir> run = NotFound("not yet");
+  ASSERT_TRUE(Eventually([&] {
+    run = ResolveRunDir(runs, "");
+    if (!run.ok() || !fs::exists(run->head_file())) return false;
+    auto st = SendControl(*run, "status", Deadline::InMs(1000));
+    return st.ok() && st->actors.size() == 1 && st->actors[0].state == "ready";
+  }));
+  SpawnOptions lo;
+  lo.argv = {troupe, "--runs-dir", runs, "logs", "--all", "-f"};
+  lo.output_file = (dir / "follow.out").string();
+  auto follow = Subprocess::Spawn(lo);
+  ASSERT_TRUE(follow.ok());
+  // A new actor writes new lines; the follower must show them.
+  SpawnOptions sc;
+  sc.argv = {troupe, "--runs-dir", runs, "scale", "echo=2"};
+  auto scale = Subprocess::Spawn(sc);
+  ASSERT_TRUE(scale.ok());
+  auto scale_exit = scale->Wait(Deadline::InMs(10000));
+  ASSERT_TRUE(scale_exit.ok() && scale_exit->exited && scale_exit->code == 0);
+  ASSERT_TRUE(Eventually([&] {
+    auto t = ReadFile(dir / "follow.out");
+    return t.ok() && t->find("[echo-1] actors: echo serving") != std::string::npos;
+  }));
+  follow->Stop();
+  auto st = SendControl(*run, "status", Deadline::InMs(2000));
+  ASSERT_TRUE(st.ok());
+  std::vector<int> pids;
+  for (auto& a : st->actors) pids.push_back(a.pid);
+  ASSERT_EQ(pids.size(), 2u);
+  // Kill only the head process; the actors are in their own process groups.
+  ASSERT_EQ(::kill(head->pid(), SIGKILL), 0);
+  ASSERT_TRUE(head->Wait(Deadline::InMs(5000)).ok());
+  for (int pid : pids) {
+    EXPECT_TRUE(Eventually([&] { return !Alive(pid); }, 10000))
+        << "actor " << pid << " outlived its head";
+    if (Alive(pid)) ::kill(pid, SIGKILL);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace troupe::launcher
