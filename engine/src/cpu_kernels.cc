@@ -91,79 +91,95 @@ at::Tensor SiluMulRows(const at::Tensor& gu) {
   return out;
 }
 
-void DecodeAttention(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
-                     const at::Tensor& sin, at::Tensor& k_cache, at::Tensor& v_cache,
-                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, at::Tensor& out) {
-  CheckRows(qkv, "DecodeAttention qkv");
-  CheckRows(out, "DecodeAttention out");
+void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor& positions,
+                     const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
+                     at::Tensor& v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                     at::Tensor& out) {
+  CheckRows(qkv, "PackedAttention qkv");
+  CheckRows(out, "PackedAttention out");
   const int64_t n = qkv.size(0), hd = head_dim, half = hd / 2;
-  const int64_t q_size = n_heads * hd, kv_size = n_kv_heads * hd;
-  TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "qkv width ", qkv.size(1));
+  const int64_t q_size = n_heads * hd, kv_size = n_kv_heads * hd, width = q_size + 2 * kv_size;
+  TORCH_CHECK(qkv.size(1) == width, "qkv width ", qkv.size(1));
   TORCH_CHECK(out.size(0) == n && out.size(1) == q_size);
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4);
-  TORCH_CHECK(k_cache.size(0) >= n && k_cache.size(1) == n_kv_heads && k_cache.size(3) == hd);
+  TORCH_CHECK(k_cache.size(1) == n_kv_heads && k_cache.size(3) == hd);
+  TORCH_CHECK(k_cache.scalar_type() == qkv.scalar_type() && out.scalar_type() == qkv.scalar_type());
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == n &&
               positions.is_contiguous());
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == n && slots.is_contiguous());
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(1) == half);
-  const int64_t max_len = k_cache.size(2);
+  const int64_t num_slots = k_cache.size(0), max_len = k_cache.size(2);
   const int64_t group = n_heads / n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t* pos_p = positions.data_ptr<int64_t>();
+  const int64_t* slot_p = slots.data_ptr<int64_t>();
   const float* cos_p = cos.data_ptr<float>();
   const float* sin_p = sin.data_ptr<float>();
-  for (int64_t s = 0; s < n; ++s)
-    TORCH_CHECK(pos_p[s] >= 0 && pos_p[s] < max_len && pos_p[s] < cos.size(0), "position ",
-                pos_p[s], " of row ", s, " outside the cache length ", max_len);
+  int64_t longest = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(pos_p[r] >= 0 && pos_p[r] < max_len && pos_p[r] < cos.size(0), "position ",
+                pos_p[r], " of row ", r, " outside the cache length ", max_len);
+    TORCH_CHECK(slot_p[r] >= 0 && slot_p[r] < num_slots, "slot ", slot_p[r], " of row ", r,
+                " outside [0, ", num_slots, ")");
+    longest = std::max(longest, pos_p[r] + 1);
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, qkv.scalar_type(), "DecodeAttention", [&] {
-        const scalar_t* qkv_p = qkv.data_ptr<scalar_t>();
+      at::kBFloat16, at::kHalf, qkv.scalar_type(), "PackedAttention", [&] {
+        scalar_t* qkv_p = qkv.data_ptr<scalar_t>();
         scalar_t* kc = k_cache.data_ptr<scalar_t>();
         scalar_t* vc = v_cache.data_ptr<scalar_t>();
         scalar_t* op = out.data_ptr<scalar_t>();
-        at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-          std::vector<float> q(static_cast<size_t>(q_size));
-          std::vector<float> scores(static_cast<size_t>(group * max_len));
-          std::vector<float> acc(static_cast<size_t>(hd));
-          for (int64_t s = begin; s < end; ++s) {
-            const int64_t pos = pos_p[s];
+        // Phase 1: RoPE on q (in place) and k; k and v into the cache.
+        at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const int64_t pos = pos_p[r], slot = slot_p[r];
             const float* c = cos_p + pos * half;
             const float* sn = sin_p + pos * half;
-            const scalar_t* row = qkv_p + s * (q_size + 2 * kv_size);
-            // RoPE on q (kept in float32, pre-rounded to the dtype like the module path).
+            scalar_t* row = qkv_p + r * width;
             for (int64_t h = 0; h < n_heads; ++h) {
-              const scalar_t* x = row + h * hd;
-              float* y = q.data() + h * hd;
+              scalar_t* x = row + h * hd;
               for (int64_t i = 0; i < half; ++i) {
-                float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
-                y[i] = static_cast<float>(static_cast<scalar_t>(x1 * c[i] - x2 * sn[i]));
-                y[half + i] = static_cast<float>(static_cast<scalar_t>(x2 * c[i] + x1 * sn[i]));
+                const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
+                x[i] = static_cast<scalar_t>(x1 * c[i] - x2 * sn[i]);
+                x[half + i] = static_cast<scalar_t>(x2 * c[i] + x1 * sn[i]);
               }
             }
-            // RoPE on k, then k and v into the cache at `pos`.
             for (int64_t h = 0; h < n_kv_heads; ++h) {
               const scalar_t* x = row + q_size + h * hd;
               const scalar_t* xv = row + q_size + kv_size + h * hd;
-              scalar_t* kd = kc + ((s * n_kv_heads + h) * max_len + pos) * hd;
-              scalar_t* vd = vc + ((s * n_kv_heads + h) * max_len + pos) * hd;
+              scalar_t* kd = kc + ((slot * n_kv_heads + h) * max_len + pos) * hd;
+              scalar_t* vd = vc + ((slot * n_kv_heads + h) * max_len + pos) * hd;
               for (int64_t i = 0; i < half; ++i) {
-                float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
+                const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
                 kd[i] = static_cast<scalar_t>(x1 * c[i] - x2 * sn[i]);
                 kd[half + i] = static_cast<scalar_t>(x2 * c[i] + x1 * sn[i]);
               }
               std::copy(xv, xv + hd, vd);
             }
-            // Attention: the G query heads of a KV head share each cache row read.
-            const int64_t len = pos + 1;
+          }
+        });
+        // Phase 2: attention over each row's slot, positions [0, pos].
+        at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+          std::vector<float> q(static_cast<size_t>(hd));
+          std::vector<float> scores(static_cast<size_t>(group * longest));
+          std::vector<float> acc(static_cast<size_t>(hd));
+          for (int64_t r = begin; r < end; ++r) {
+            const int64_t len = pos_p[r] + 1, slot = slot_p[r];
+            const scalar_t* row = qkv_p + r * width;
             for (int64_t kvh = 0; kvh < n_kv_heads; ++kvh) {
-              const scalar_t* kbase = kc + (s * n_kv_heads + kvh) * max_len * hd;
-              const scalar_t* vbase = vc + (s * n_kv_heads + kvh) * max_len * hd;
-              for (int64_t l = 0; l < len; ++l)
-                for (int64_t g = 0; g < group; ++g)
-                  scores[g * len + l] =
-                      Dot(q.data() + (kvh * group + g) * hd, kbase + l * hd, hd) * scale;
+              const scalar_t* kbase = kc + (slot * n_kv_heads + kvh) * max_len * hd;
+              const scalar_t* vbase = vc + (slot * n_kv_heads + kvh) * max_len * hd;
+              // The G query heads of a KV head share each cache row read.
+              for (int64_t g = 0; g < group; ++g) {
+                const scalar_t* qh = row + (kvh * group + g) * hd;
+                for (int64_t i = 0; i < hd; ++i)
+                  q[static_cast<size_t>(i)] = static_cast<float>(qh[i]);
+                float* sc = scores.data() + g * len;
+                for (int64_t l = 0; l < len; ++l) sc[l] = Dot(q.data(), kbase + l * hd, hd) * scale;
+              }
               for (int64_t g = 0; g < group; ++g) {
                 float* sc = scores.data() + g * len;
-                float mx = *std::max_element(sc, sc + len);
+                const float mx = *std::max_element(sc, sc + len);
                 float sum = 0.f;
                 for (int64_t l = 0; l < len; ++l) {
                   sc[l] = std::exp(sc[l] - mx);
@@ -175,10 +191,12 @@ void DecodeAttention(const at::Tensor& qkv, const at::Tensor& positions, const a
                   // Probabilities are rounded to the dtype like the module path's softmax output.
                   const float p = static_cast<float>(static_cast<scalar_t>(sc[l] * inv));
                   const scalar_t* vr = vbase + l * hd;
-                  for (int64_t i = 0; i < hd; ++i) acc[i] += p * static_cast<float>(vr[i]);
+                  for (int64_t i = 0; i < hd; ++i)
+                    acc[static_cast<size_t>(i)] += p * static_cast<float>(vr[i]);
                 }
-                scalar_t* o = op + s * q_size + (kvh * group + g) * hd;
-                for (int64_t i = 0; i < hd; ++i) o[i] = static_cast<scalar_t>(acc[i]);
+                scalar_t* o = op + r * q_size + (kvh * group + g) * hd;
+                for (int64_t i = 0; i < hd; ++i)
+                  o[i] = static_cast<scalar_t>(acc[static_cast<size_t>(i)]);
               }
             }
           }

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include "sampler.h"
@@ -132,6 +133,7 @@ struct Engine::Seq {
   int32_t next_token = 0;  // last sampled token, fed at the next decode step
   int32_t new_tokens = 0;
   float temperature = 1.f;  // EffectiveTemperature of the request
+  bool started = false;     // has sampled its first token (next_token is valid)
 };
 
 // Engine-thread state: never touched by other threads.
@@ -145,7 +147,8 @@ class Engine::Loop {
         slots(static_cast<size_t>(config.num_slots)),
         tokens(at::zeros({config.num_slots}, at::kLong)),
         positions(at::zeros({config.num_slots}, at::kLong)),
-        temps(at::ones({config.num_slots, 1}, at::kFloat)) {}
+        temps(at::ones({config.num_slots, 1}, at::kFloat)),
+        packed(config.fused_cpu_kernels && device.is_cpu()) {}
 
   const EngineConfig& config;
   LlamaModel& model;
@@ -154,6 +157,7 @@ class Engine::Loop {
   std::vector<std::unique_ptr<Seq>> slots;  // null = free
   std::deque<std::shared_ptr<Work>> pending;
   at::Tensor tokens, positions, temps;  // CPU staging buffers, [num_slots]
+  const bool packed;                    // CPU fused path: LlamaModel::Step for everything
   std::vector<int32_t> scratch;
   std::vector<std::shared_ptr<Batch>> completed;  // finished during this iteration
   int active = 0;
@@ -209,6 +213,17 @@ std::string CheckRequest(const GenerateRequest& r, const EngineConfig& c) {
         ctx, r.prompt.size(), np, c.CacheLen());
   }
   return "";
+}
+
+// Torch's set_num_threads does not reach OpenBLAS's own (pthread) thread pool, which then
+// runs every GEMM on all cores and competes with the caller's threads. When OpenBLAS is the
+// BLAS, set its thread count too (process-wide). Returns whether it was found.
+bool SetBlasThreads(int n) {
+  using SetFn = void (*)(int);
+  auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn == nullptr) return false;
+  fn(n);
+  return true;
 }
 
 // Restores the module's train/eval mode on scope exit.
@@ -439,7 +454,10 @@ void FinishSeqResult(GenerationResult& out, FinishReason reason, std::string why
 
 void Engine::ThreadMain() {
   c10::InferenceMode inference_mode;
-  if (config_.intra_op_threads > 0) at::set_num_threads(config_.intra_op_threads);
+  if (config_.intra_op_threads > 0) {
+    at::set_num_threads(config_.intra_op_threads);
+    SetBlasThreads(config_.intra_op_threads);
+  }
   Loop& L = *loop_;
 
   // Marks one sample done; completes its batch when it was the last.
@@ -514,25 +532,31 @@ void Engine::ThreadMain() {
       return;
     }
     s.next_token = tok;
+    s.started = true;
   };
 
-  // Admits pending requests into free slots and runs one batched prefill.
-  auto admit_and_prefill = [&]() {
-    if (config_.static_batching && L.active > 0) return;
-    struct Row {
-      std::shared_ptr<Work> work;
-      std::vector<int32_t> slots;
-      int32_t first_sample;
-      int32_t len;
-    };
-    std::vector<Row> rows;
+  // Newly admitted prompt rows: one per (request, admission) with the slots of its samples.
+  struct Chunk {
+    std::shared_ptr<Work> work;
+    std::vector<int32_t> slots;
+    int32_t len;
+  };
+  auto context_token = [](const GenerateRequest& req, size_t i) {
+    return i < req.prompt.size() ? req.prompt[i] : req.response_prefix[i - req.prompt.size()];
+  };
+
+  // Admits pending requests into free slots (lowest first), within the prefill budget.
+  auto admit = [&]() {
+    std::vector<Chunk> chunks;
+    if (config_.static_batching && L.active > 0) return chunks;
+    int64_t budget_rows = 0;  // rows x padded length (generic path) or total tokens (packed)
     int32_t max_len = 0;
     int32_t next_free = 0;
     auto find_free = [&]() {
       while (next_free < config_.num_slots && L.slots[static_cast<size_t>(next_free)]) ++next_free;
       return next_free < config_.num_slots ? next_free : -1;
     };
-    while (!L.pending.empty()) {
+    while (!L.pending.empty() && find_free() >= 0) {
       std::shared_ptr<Work> w = L.pending.front();
       const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
       if (w->batch->cancelled) {
@@ -554,14 +578,14 @@ void Engine::ThreadMain() {
       }
       const int32_t len =
           static_cast<int32_t>(w->req.prompt.size() + w->req.response_prefix.size());
-      const int32_t new_max = std::max(max_len, len);
-      if (!rows.empty() &&
-          static_cast<int64_t>(rows.size() + 1) * new_max > config_.max_prefill_tokens)
-        break;
-      Row row{w, {}, w->admitted, len};
+      const int64_t cost = L.packed
+                               ? budget_rows + len
+                               : static_cast<int64_t>(chunks.size() + 1) * std::max(max_len, len);
+      if (!chunks.empty() && cost > config_.max_prefill_tokens) break;
+      Chunk chunk{w, {}, len};
       int32_t slot;
       while (w->admitted < n && (slot = find_free()) >= 0) {
-        row.slots.push_back(slot);
+        chunk.slots.push_back(slot);
         auto seq = std::make_unique<Seq>();
         seq->work = w;
         seq->slot = slot;
@@ -586,53 +610,112 @@ void Engine::ThreadMain() {
         ++L.active;
         ++w->admitted;
       }
-      if (row.slots.empty()) break;  // no free slot
-      max_len = new_max;
-      rows.push_back(std::move(row));
+      budget_rows = cost;
+      max_len = std::max(max_len, len);
+      L.delta.prefill_tokens += static_cast<uint64_t>(len);
+      chunks.push_back(std::move(chunk));
       if (w->admitted == n) L.pending.pop_front();
-      if (find_free() < 0) break;
     }
-    if (rows.empty()) return;
+    return chunks;
+  };
 
-    const int64_t P = static_cast<int64_t>(rows.size());
+  // Group sampling: copy each chunk's prompt keys/values to the slots of its other samples.
+  auto share_prefill = [&](const std::vector<Chunk>& chunks) {
+    std::vector<int64_t> src, dst;
+    int32_t len = 0;
+    for (const Chunk& c : chunks)
+      for (size_t j = 1; j < c.slots.size(); ++j) {
+        src.push_back(c.slots[0]);
+        dst.push_back(c.slots[j]);
+        len = std::max(len, c.len);
+      }
+    if (!src.empty())
+      L.cache.CopySlots(at::tensor(src).to(L.device), at::tensor(dst).to(L.device), len);
+  };
+
+  // CPU: one packed forward for every running sequence's next token and every new prompt.
+  auto packed_step = [&](const std::vector<Chunk>& chunks) {
+    std::vector<Seq*> running;
+    for (auto& slot : L.slots)
+      if (slot && slot->started) running.push_back(slot.get());
+    int64_t n = static_cast<int64_t>(running.size());
+    for (const Chunk& c : chunks) n += c.len;
+    if (n == 0) return;
+    const int64_t m = static_cast<int64_t>(running.size() + chunks.size());
+    at::Tensor toks = at::empty({n}, at::kLong), slots = at::empty({n}, at::kLong);
+    at::Tensor pos = at::empty({n}, at::kLong), rows = at::empty({m}, at::kLong);
+    at::Tensor temps = at::empty({m, 1}, at::kFloat);
+    int64_t *tp = toks.data_ptr<int64_t>(), *sp = slots.data_ptr<int64_t>();
+    int64_t *pp = pos.data_ptr<int64_t>(), *rp = rows.data_ptr<int64_t>();
+    float* temp_p = temps.data_ptr<float>();
+    int64_t r = 0, k = 0;
+    for (Seq* s : running) {
+      tp[r] = s->next_token;
+      sp[r] = s->slot;
+      pp[r] = s->pos;
+      temp_p[k] = s->temperature;
+      rp[k++] = r++;
+    }
+    for (const Chunk& c : chunks) {
+      for (int32_t i = 0; i < c.len; ++i) {
+        tp[r] = context_token(c.work->req, static_cast<size_t>(i));
+        sp[r] = c.slots[0];
+        pp[r++] = i;
+      }
+      temp_p[k] = static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
+      rp[k++] = r - 1;
+    }
+    at::Tensor logits = model_->Step(toks, slots, pos, rows, L.cache);
+    share_prefill(chunks);
+    at::Tensor logp = ScaledLogSoftmax(logits, temps).contiguous();
+    if (!running.empty()) ++L.delta.decode_steps;
+    if (!chunks.empty()) ++L.delta.prefill_steps;
+    const int64_t V = config_.model.vocab_size;
+    const float* lp = logp.data_ptr<float>();
+    k = 0;
+    for (Seq* s : running) {
+      ++s->pos;  // next_token is now in the cache at its position
+      take_token(*s, lp + (k++) * V);
+    }
+    for (const Chunk& c : chunks) {
+      for (int32_t slot : c.slots) take_token(*L.slots[static_cast<size_t>(slot)], lp + k * V);
+      ++k;
+    }
+  };
+
+  // Any device: a padded batched prefill of the new prompts, then one decode step.
+  auto prefill = [&](const std::vector<Chunk>& chunks) {
+    if (chunks.empty()) return;
+    const int64_t P = static_cast<int64_t>(chunks.size());
+    int32_t max_len = 0;
+    for (const Chunk& c : chunks) max_len = std::max(max_len, c.len);
     at::Tensor ids = at::zeros({P, max_len}, at::kLong);
     at::Tensor lengths = at::empty({P}, at::kLong);
     at::Tensor first_slots = at::empty({P}, at::kLong);
     at::Tensor temps = at::empty({P, 1}, at::kFloat);
-    std::vector<int64_t> copy_src, copy_dst;
     int64_t* idp = ids.data_ptr<int64_t>();
     for (int64_t r = 0; r < P; ++r) {
-      const Row& row = rows[static_cast<size_t>(r)];
-      const GenerateRequest& req = row.work->req;
-      int64_t* dst = idp + r * max_len;
-      for (size_t i = 0; i < req.prompt.size(); ++i) dst[i] = req.prompt[i];
-      for (size_t i = 0; i < req.response_prefix.size(); ++i)
-        dst[req.prompt.size() + i] = req.response_prefix[i];
-      lengths.data_ptr<int64_t>()[r] = row.len;
-      first_slots.data_ptr<int64_t>()[r] = row.slots[0];
+      const Chunk& c = chunks[static_cast<size_t>(r)];
+      for (int32_t i = 0; i < c.len; ++i)
+        idp[r * max_len + i] = context_token(c.work->req, static_cast<size_t>(i));
+      lengths.data_ptr<int64_t>()[r] = c.len;
+      first_slots.data_ptr<int64_t>()[r] = c.slots[0];
       temps.data_ptr<float>()[r] =
-          static_cast<float>(EffectiveTemperature(req.sampling.temperature));
-      for (size_t j = 1; j < row.slots.size(); ++j) {
-        copy_src.push_back(row.slots[0]);
-        copy_dst.push_back(row.slots[j]);
-      }
-      L.delta.prefill_tokens += static_cast<uint64_t>(row.len);
+          static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
     }
     at::Tensor logits =
         model_->Prefill(ids.to(L.device), lengths.to(L.device), first_slots.to(L.device), L.cache);
-    if (!copy_src.empty())
-      L.cache.CopySlots(at::tensor(copy_src).to(L.device), at::tensor(copy_dst).to(L.device),
-                        max_len);
+    share_prefill(chunks);
     at::Tensor logp = ScaledLogSoftmax(logits, temps.to(L.device)).to(at::kCPU).contiguous();
     ++L.delta.prefill_steps;
     const int64_t V = config_.model.vocab_size;
     const float* lp = logp.data_ptr<float>();
     for (int64_t r = 0; r < P; ++r)
-      for (int32_t slot : rows[static_cast<size_t>(r)].slots)
+      for (int32_t slot : chunks[static_cast<size_t>(r)].slots)
         take_token(*L.slots[static_cast<size_t>(slot)], lp + r * V);
   };
 
-  // One decode step over slots [0, highest active slot].
+  // Any device: one decode step over slots [0, highest running slot].
   auto decode = [&]() {
     int32_t n = 0;
     int32_t attn_len = 1;
@@ -641,7 +724,7 @@ void Engine::ThreadMain() {
     float* temp_p = L.temps.data_ptr<float>();
     for (int32_t i = 0; i < config_.num_slots; ++i) {
       const Seq* s = L.slots[static_cast<size_t>(i)].get();
-      if (s == nullptr) {
+      if (s == nullptr || !s->started) {
         tp[i] = 0;
         pp[i] = 0;
         temp_p[i] = 1.f;
@@ -654,22 +737,17 @@ void Engine::ThreadMain() {
       attn_len = std::max(attn_len, s->pos + 1);
     }
     if (n == 0) return;
-    at::Tensor toks = L.tokens.narrow(0, 0, n), pos = L.positions.narrow(0, 0, n);
-    if (!L.device.is_cpu()) {
-      toks = toks.to(L.device);
-      pos = pos.to(L.device);
-    }
-    at::Tensor logits = model_->Decode(toks, pos, attn_len, L.cache, config_.fused_cpu_kernels);
-    at::Tensor temps = L.temps.narrow(0, 0, n);
-    at::Tensor logp = ScaledLogSoftmax(logits, L.device.is_cpu() ? temps : temps.to(L.device));
-    if (!L.device.is_cpu()) logp = logp.to(at::kCPU);
-    logp = logp.contiguous();
+    at::Tensor toks = L.tokens.narrow(0, 0, n).to(L.device);
+    at::Tensor pos = L.positions.narrow(0, 0, n).to(L.device);
+    at::Tensor logits = model_->Decode(toks, pos, attn_len, L.cache, /*fused_cpu=*/false);
+    at::Tensor logp = ScaledLogSoftmax(logits, L.temps.narrow(0, 0, n).to(L.device));
+    logp = logp.to(at::kCPU).contiguous();
     ++L.delta.decode_steps;
     const int64_t V = config_.model.vocab_size;
     const float* lp = logp.data_ptr<float>();
     for (int32_t i = 0; i < n; ++i) {
       Seq* s = L.slots[static_cast<size_t>(i)].get();
-      if (s == nullptr) continue;
+      if (s == nullptr || !s->started) continue;
       ++s->pos;  // next_token is now in the cache at its position
       take_token(*s, lp + static_cast<int64_t>(i) * V);
     }
@@ -740,8 +818,13 @@ void Engine::ThreadMain() {
       }
     try {
       EvalModeGuard eval(*model_);
-      admit_and_prefill();
-      if (L.active > 0) decode();
+      std::vector<Chunk> chunks = admit();
+      if (L.packed) {
+        packed_step(chunks);
+      } else {
+        prefill(chunks);
+        if (L.active > 0) decode();
+      }
     } catch (const std::exception& e) {
       Status why = Internal("generation step failed: {}", std::string(e.what()).substr(0, 500));
       Log().error("{}", why.message());

@@ -347,6 +347,34 @@ torch::Tensor LlamaModel::Prefill(const torch::Tensor& ids, const torch::Tensor&
   return Head(RmsNorm(last, final_norm_));
 }
 
+torch::Tensor LlamaModel::Step(const torch::Tensor& tokens, const torch::Tensor& slots,
+                               const torch::Tensor& positions, const torch::Tensor& logit_rows,
+                               KvCache& cache) {
+  const int64_t n = tokens.numel();
+  TORCH_CHECK(n >= 1 && slots.numel() == n && positions.numel() == n, "Step: ", n, " tokens, ",
+              slots.numel(), " slots, ", positions.numel(), " positions");
+  TORCH_CHECK(embed_.device().is_cpu(), "Step runs on the CPU; use Prefill/Decode on ",
+              embed_.device());
+  const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads;
+  const double eps = config_.rms_norm_eps;
+  at::Tensor x = embed_.index_select(0, tokens);
+  at::Tensor attn = at::empty({n, q_size_}, x.options());
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& layer = layers_[li];
+    at::Tensor h = cpu::RmsNormRows(x, layer.input_norm, eps);
+    at::Tensor qkv = layer.qkv_b.defined() ? at::addmm(layer.qkv_b, h, layer.qkv_w.t())
+                                           : at::mm(h, layer.qkv_w.t());
+    cpu::PackedAttention(qkv, slots, positions, rope_cos_, rope_sin_,
+                         cache.k(static_cast<int64_t>(li)), cache.v(static_cast<int64_t>(li)), H,
+                         Hkv, head_dim_, attn);
+    x = at::addmm(x, attn, layer.o_w.t());
+    h = cpu::RmsNormRows(x, layer.post_norm, eps);
+    x = at::addmm(x, cpu::SiluMulRows(at::mm(h, layer.gate_up_w.t())), layer.down_w.t());
+  }
+  x = x.index_select(0, logit_rows);
+  return Head(cpu::RmsNormRows(x, final_norm_, eps));
+}
+
 torch::Tensor LlamaModel::Decode(const torch::Tensor& tokens, const torch::Tensor& positions,
                                  int64_t attn_len, KvCache& cache, bool fused_cpu) {
   const int64_t n = tokens.numel();
@@ -356,19 +384,8 @@ torch::Tensor LlamaModel::Decode(const torch::Tensor& tokens, const torch::Tenso
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, half = head_dim_ / 2;
   at::Tensor x = embed_.index_select(0, tokens);
   if (fused_cpu && x.device().is_cpu()) {
-    at::Tensor attn = at::empty({n, q_size_}, x.options());
-    for (size_t li = 0; li < layers_.size(); ++li) {
-      const Layer& layer = layers_[li];
-      at::Tensor h = cpu::RmsNormRows(x, layer.input_norm, config_.rms_norm_eps);
-      at::Tensor qkv = layer.qkv_b.defined() ? at::addmm(layer.qkv_b, h, layer.qkv_w.t())
-                                             : at::mm(h, layer.qkv_w.t());
-      cpu::DecodeAttention(qkv, positions, rope_cos_, rope_sin_, cache.k(static_cast<int64_t>(li)),
-                           cache.v(static_cast<int64_t>(li)), H, Hkv, head_dim_, attn);
-      x = at::addmm(x, attn, layer.o_w.t());
-      h = cpu::RmsNormRows(x, layer.post_norm, config_.rms_norm_eps);
-      x = at::addmm(x, cpu::SiluMulRows(at::mm(h, layer.gate_up_w.t())), layer.down_w.t());
-    }
-    return Head(cpu::RmsNormRows(x, final_norm_, config_.rms_norm_eps));
+    at::Tensor rows = at::arange(n, positions.options());
+    return Step(tokens, rows, positions.contiguous(), rows, cache);
   }
   // Generic path (any device): plain torch ops.
   const int64_t G = H / Hkv;

@@ -52,8 +52,9 @@ struct EngineConfig {
   // <= model.max_seq_len. Prompts of this length or longer are rejected.
   int32_t max_seq_len = 0;
   // Intra-op threads of the engine thread's torch ops and kernels; 0 = leave the default.
-  // Default 1: on 2 shared cores, one thread measured faster than two for the default
-  // model (see docs/engine.md); larger models gain from more.
+  // When OpenBLAS is the BLAS, its (process-wide) thread count is set to the same value.
+  // Default 1: rollout actors share few cores with other processes (see docs/engine.md for
+  // the 1 vs 2 measurement); larger models on idle cores gain from more.
   int32_t intra_op_threads = 1;
   // "cpu" (default) or "cuda" / "cuda:N". CUDA needs a CUDA-enabled libtorch.
   std::string device = "cpu";

@@ -117,6 +117,17 @@ class LlamaModel : public torch::nn::Module {
   torch::Tensor Decode(const torch::Tensor& tokens, const torch::Tensor& positions,
                        int64_t attn_len, KvCache& cache, bool fused_cpu = true);
 
+  // Packed step on the CPU (fused kernels; float32/bfloat16/float16): row r is token
+  // tokens[r] at position positions[r] of cache slot slots[r] (all int64 [N], CPU). Decode
+  // tokens and whole prompts can share one call: every row's key/value is written first,
+  // then each row attends to positions [0, positions[r]] of its slot. No two rows may share
+  // a (slot, position). Returns float32 logits [M, V] for the rows listed in logit_rows
+  // (int64 [M]): the head runs only on those. This is what the Engine runs on CPU: newly
+  // admitted prompts join the running decode batch in one forward.
+  torch::Tensor Step(const torch::Tensor& tokens, const torch::Tensor& slots,
+                     const torch::Tensor& positions, const torch::Tensor& logit_rows,
+                     KvCache& cache);
+
   // Every parameter under its Hugging Face name, in a fixed order: embed_tokens, then per
   // layer input_layernorm, q/k/v(/biases)/o_proj, post_attention_layernorm,
   // gate/up/down_proj, then model.norm and (untied only) lm_head. The tensors share
