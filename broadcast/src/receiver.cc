@@ -514,8 +514,8 @@ void WeightReceiver::Impl::RunTransfer(const proto::ManifestMsg& manifest) {
     st = ProtocolError("manifest of version {} for epoch {}, but this receiver is {} epoch {}",
                        layout.version, layout.transfer, group_ready_ ? "in" : "not ready for",
                        epoch_);
-  } else if (!catch_up && held_from_inc_ == learner_inc_ && layout.version <= held_version_) {
-    st = ProtocolError("version {} is not above the version {} already held", layout.version,
+  } else if (!catch_up && held_from_inc_ == learner_inc_ && layout.version < held_version_) {
+    st = ProtocolError("version {} is older than the version {} already held", layout.version,
                        held_version_);
   } else {
     st = layout.ValidateReceived(config_.max_bytes);
@@ -669,6 +669,11 @@ Status WeightReceiver::Impl::ReceiveStream(const Layout& layout,
 Status WeightReceiver::Impl::Deliver(const Layout& layout, const uint8_t* data,
                                      std::shared_ptr<void> owner, bool catch_up) {
   if (config_.verify_checksums) TROUPE_RETURN_IF_ERROR(VerifyChecksums(layout, data));
+  if (held_from_inc_ == learner_inc_ && layout.version == held_version_ && !catch_up) {
+    // The learner retried a broadcast (another member failed) that reached us the first time:
+    // we took part again so the group could complete; the sink already has this version.
+    return Status::Ok();
+  }
   std::shared_ptr<FlatBuffer> cast;
   uint64_t cast_bytes = CastAreaBytes(layout);
   if (cast_bytes > 0) {

@@ -152,6 +152,10 @@ class WeightSender::Impl {
   Result<ZmqSocket*> DataSocket(const std::string& endpoint);
   void CloseUnusedDataSockets();
   void DropMember(const std::string& id, const char* why);
+  void MarkDirty() {
+    dirty_ = true;
+    ++changes_;
+  }
   Member* Find(const std::string& id) {
     auto it = members_.find(id);
     return it == members_.end() ? nullptr : &it->second;
@@ -204,6 +208,7 @@ class WeightSender::Impl {
   uint64_t epoch_counter_ = 0;      // last epoch number handed out
   bool formed_ = true;              // group_ is formed for epoch_
   bool dirty_ = false;              // membership changed since epoch_
+  uint64_t changes_ = 0;            // MarkDirty() calls (detects changes during a Reform)
   Clock::time_point next_reform_;   // backoff after a failed re-formation
   Clock::time_point last_keepalive_;
   BufferPool pool_{2};
@@ -369,7 +374,7 @@ void WeightSender::Impl::HandleFrame(const std::string& identity, const std::str
     m.state = have_current_ ? MemberState::kNew : MemberState::kReady;
     m.last_seen = now;
     members_[identity] = m;
-    if (m.state == MemberState::kReady) dirty_ = true;
+    if (m.state == MemberState::kReady) MarkDirty();
     Log().info("receiver {} registered from {} ({}), holding version {}{}", identity, m.node,
                m.data_endpoint, msg->reg.version, have_current_ ? "; catching up" : "");
     SendTo(identity, proto::EncodeHeartbeat(header(), {PeerState::kAlive, current_.version}));
@@ -387,11 +392,11 @@ void WeightSender::Impl::HandleFrame(const std::string& identity, const std::str
     case Kind::kHeartbeat:
       if (msg->heartbeat.state == PeerState::kLeaving && !m.leaving) {
         m.leaving = true;
-        dirty_ = true;
+        MarkDirty();
         Log().info("receiver {} asks to leave", m.id);
       } else if (msg->heartbeat.state == PeerState::kExited && !m.gone) {
         m.gone = true;
-        dirty_ = true;
+        MarkDirty();
         Log().info("receiver {} exited", m.id);
       }
       break;
@@ -418,7 +423,7 @@ bool WeightSender::Impl::SendTo(const std::string& id, const proto::Bytes& bytes
   auto it = members_.find(id);
   if (it != members_.end() && st.code() == Code::kUnavailable && !it->second.gone) {
     it->second.gone = true;
-    dirty_ = true;
+    MarkDirty();
     Log().info("receiver {} is unreachable ({}): dropping it at the next epoch", id, st.message());
   }
   return false;
@@ -440,7 +445,7 @@ void WeightSender::Impl::CheckTimeouts() {
   for (auto& [id, m] : members_) {
     if (m.gone || now - m.last_seen < Millis(config_.member_timeout_ms)) continue;
     m.gone = true;
-    dirty_ = true;
+    MarkDirty();
     Log().warn("receiver {} silent for {} ms: dropping it at the next epoch", id,
                config_.member_timeout_ms);
   }
@@ -453,7 +458,7 @@ void WeightSender::Impl::DropMember(const std::string& id, const char* why) {
   Log().info("receiver {} dropped: {}", id, why);
   if (was_member) {
     ++stats_.members_dropped;
-    dirty_ = true;
+    MarkDirty();
   }
   members_.erase(it);
 }
@@ -492,7 +497,7 @@ void WeightSender::Impl::RunCatchUps() {
     Status st = CatchUp(m);
     if (st.ok()) {
       m.state = MemberState::kReady;
-      dirty_ = true;
+      MarkDirty();
       ++stats_.catch_ups;
     } else {
       Log().warn("catch-up of {} to version {} failed: {}", id, current_.version, st.ToString());
@@ -586,6 +591,13 @@ Status WeightSender::Impl::Reform(Deadline deadline) {
     for (auto& [id, m] : members_)
       if (m.gone) dead.push_back(id);
     for (const auto& id : dead) DropMember(id, "gone");
+    // A candidate found unreachable while announcing: announce again without it.
+    if (std::any_of(candidates.begin(), candidates.end(), [&](const std::string& id) {
+          const Member* m = Find(id);
+          return m == nullptr || m->gone;
+        }))
+      continue;
+    const uint64_t changes_before = changes_;  // later changes need another epoch
     // Collect echoes. Members may still be busy with an aborted transfer for up to a timeout.
     Deadline echo = deadline.min(Deadline::In(timeout_ + Millis(1000)));
     auto missing = [&] {
@@ -610,13 +622,13 @@ Status WeightSender::Impl::Reform(Deadline deadline) {
     }
     Status st = FormBackendGroup(epoch, candidates, g, deadline);
     if (!st.ok()) {
-      dirty_ = true;
+      MarkDirty();
       return st.WithContext(fmt::format("forming epoch {}", epoch));
     }
     for (const auto& id : candidates) {
       Member* m = Find(id);
       if (m == nullptr || m->gone) {
-        dirty_ = true;
+        MarkDirty();
         return Unavailable("epoch {}: member {} went away while the group formed", epoch, id);
       }
     }
@@ -624,7 +636,7 @@ Status WeightSender::Impl::Reform(Deadline deadline) {
     for (const auto& id : group_) Find(id)->state = MemberState::kMember;
     epoch_ = epoch;
     formed_ = true;
-    dirty_ = false;
+    dirty_ = changes_ != changes_before;
     ++stats_.epochs;
     CloseUnusedDataSockets();
     Log().info("epoch {}: {} member(s) [{}]", epoch, group_.size(), Join(group_));
@@ -710,7 +722,7 @@ void WeightSender::Impl::RunJob(Job& job) {
     Log().warn("broadcast of version {} attempt {} failed: {}", job.version, attempt,
                st.ToString());
     last = st;
-    dirty_ = true;  // probe the members and re-form before anything else
+    MarkDirty();  // probe the members and re-form before anything else
     if (stopping()) break;
   }
   // Leave the group re-formed for the next call when time allows (members that are alive
@@ -864,10 +876,12 @@ Status WeightSender::Impl::WaitAcks(const std::vector<std::string>& ids, uint64_
     }
     if (!rejected.empty()) return Unavailable("version {} rejected by {}", version, Join(rejected));
     if (missing.empty()) return Status::Ok();
-    bool gone = std::any_of(missing.begin(), missing.end(), [](const std::string& s) {
-      return s.find(" (gone)") != std::string::npos;
-    });
-    if (gone) return Unavailable("version {}: {} left during the transfer", version, Join(missing));
+    std::vector<std::string> gone;
+    for (const auto& s : missing)
+      if (s.size() > 7 && s.compare(s.size() - 7, 7, " (gone)") == 0)
+        gone.push_back(s.substr(0, s.size() - 7));
+    if (!gone.empty())
+      return Unavailable("version {}: {} went away during the transfer", version, Join(gone));
     if (now_acked > acked) {  // progress: a fresh stall window
       acked = now_acked;
       stall = deadline.min(Deadline::In(timeout_));
@@ -876,6 +890,7 @@ Status WeightSender::Impl::WaitAcks(const std::vector<std::string>& ids, uint64_
       return Timeout("no acknowledgement of version {} from {} within {} ms", version,
                      Join(missing), std::chrono::duration_cast<Millis>(timeout_).count());
     if (stopping()) return Cancelled("sender stopping");
+    MaybeKeepalive();  // a crashed member shows up as unreachable here, well before the stall
     PollControl(2);
   }
 }
@@ -930,6 +945,7 @@ Status WeightSender::Impl::SendStream(const std::vector<std::string>& endpoints,
     }
     if ((c & 63) == 63) {
       PollControl(0);  // keep heartbeats flowing during long transfers
+      MaybeKeepalive();
       if (stopping()) return Cancelled("sender stopping");
     }
   }
