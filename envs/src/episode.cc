@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "troupe/core/check.h"
 #include "troupe/core/log.h"
 #include "troupe/envs/tool_call.h"
 
@@ -246,6 +247,10 @@ Result<TokenEpisode::Step> TokenEpisode::OnAssistantTokens(const std::vector<int
   std::optional<std::string> out = episode_->OnAssistantTurn(turn_text);
   if (!out) return Step{true, {}};
   const int64_t max = episode_->config().max_response_tokens;
+  // The transcript's last message is this tool turn; keep it equal to what the
+  // model is shown, or drop it when the model will not see it.
+  auto& transcript = episode_->transcript_;
+  TROUPE_CHECK(!transcript.empty() && transcript.back().role == Role::kTool);
   Result<std::vector<int32_t>> env = renderer_.RenderToolTurn(*out);
   if (!env.ok()) {
     // A character the tokenizer lacks: retry with printable ASCII only.
@@ -256,13 +261,16 @@ Result<TokenEpisode::Step> TokenEpisode::OnAssistantTokens(const std::vector<int
     }
     env = renderer_.RenderToolTurn(ascii);
     if (!env.ok()) {
+      transcript.pop_back();
       episode_->Finish(EpisodeEnd::kAborted, env.status().message());
       return Step{true, {}};
     }
-    *out = std::move(ascii);
+    *out = ascii;
+    transcript.back().content = std::move(ascii);
   }
   // The environment tokens plus at least one generated token must fit.
   if (used() + static_cast<int64_t>(env->size()) + 1 > max) {
+    transcript.pop_back();
     episode_->Finish(EpisodeEnd::kTokenLimit);
     return Step{true, {}};
   }

@@ -359,6 +359,8 @@ TEST_F(TokenEpisodeTest, TokenLimitEndsBeforeEnvironmentTokensOverflow) {
   ASSERT_TRUE(s2.ok());
   EXPECT_TRUE(s2->done) << "the error message does not fit in what is left";
   EXPECT_EQ((*ep)->episode().end(), EpisodeEnd::kTokenLimit);
+  EXPECT_EQ((*ep)->episode().transcript().back().role, Role::kAssistant)
+      << "a tool turn the model never saw is not in the transcript";
   EXPECT_LE((*ep)->response_tokens().size(), 40u);
   EXPECT_EQ((*ep)->response_tokens().size(), (*ep)->loss_mask().size());
 }

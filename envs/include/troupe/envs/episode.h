@@ -101,6 +101,7 @@ class Episode {
   std::string SummaryJson() const;
 
  private:
+  friend class TokenEpisode;  // retracts a tool turn that did not fit the token budget
   Episode(const Task& task, Prompt prompt, const EpisodeConfig& config,
           std::unique_ptr<Environment> env);
   ToolResult RunCall(std::string_view text);
@@ -149,6 +150,9 @@ class TokenEpisode {
                                  const std::vector<float>& logprobs);
   // Ends the episode (engine rejected the request, stop requested).
   void Abort(std::string reason) { episode_->Finish(EpisodeEnd::kAborted, std::move(reason)); }
+  // Ends the episode with another reason (e.g. kTokenLimit when the engine's
+  // context is full). No-op when already ended.
+  void Finish(EpisodeEnd end, std::string reason = "") { episode_->Finish(end, std::move(reason)); }
 
   bool done() const { return episode_->done(); }
   const Episode& episode() const { return *episode_; }
