@@ -26,6 +26,7 @@
 #include "troupe/engine/logprob.h"
 #include "troupe/engine/safetensors.h"
 #include "troupe/trainer/advantages.h"
+#include "troupe/trainer/allocator.h"
 #include "troupe/trainer/lag_gate.h"
 #include "troupe/trainer/loss.h"
 #include "troupe/trainer/lr_schedule.h"
@@ -203,6 +204,10 @@ Result<std::unique_ptr<Learner>> Learner::Create(const LearnerConfig& config,
   if (config.max_sequence_tokens > mc.max_seq_len) {
     return InvalidArgument("learner.max_sequence_tokens = {} exceeds the model's max_seq_len {}",
                            config.max_sequence_tokens, mc.max_seq_len);
+  }
+  if (config.tune_allocator) {
+    Status st = TuneAllocatorForTraining();
+    if (!st.ok()) Log().warn("allocator tuning skipped: {}", st.message());
   }
   std::unique_ptr<Learner> l(new Learner(config, std::move(policy), std::move(reference)));
   State& s = *l->state_;

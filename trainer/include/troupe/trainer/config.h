@@ -113,9 +113,10 @@ struct LearnerConfig {
   // Learning rate of SupervisedStep (constant, no schedule). Default 1e-3.
   double supervised_lr = 1e-3;
 
-  // ---- bookkeeping
-  // Seed of the learner's torch generator (restored from checkpoints). Default 0.
-  uint64_t seed = 0;
+  // ---- process
+  // Learner::Create tunes glibc malloc for tensor workloads (process-wide, see
+  // allocator.h): ~3x faster backward on CPU for more resident memory. Default true.
+  bool tune_allocator = true;
   // Checkpoints kept under a checkpoint root (older ones are deleted). Default 3, >= 1.
   int32_t keep_checkpoints = 3;
 
