@@ -31,9 +31,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
-#include <torch/types.h>  // clip_grad.h needs it first
+// clip_grad.h relies on torch::Tensor being declared before it.
+#include <torch/nn/utils/clip_grad.h>
 #include <nlohmann/json.hpp>
 
 #include "troupe/core/check.h"

@@ -15,8 +15,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
+// clip_grad.h relies on torch::Tensor being declared before it.
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/serialize/archive.h>
 #include <nlohmann/json.hpp>
 
@@ -140,6 +141,7 @@ struct Learner::State {
   std::deque<PendingBatch> queue TROUPE_GUARDED_BY(mu);
   SeenIds seen TROUPE_GUARDED_BY(mu);
   LearnerCounters counters TROUPE_GUARDED_BY(mu);
+  std::vector<FinishedBatch> finished TROUPE_GUARDED_BY(mu);  // decided since TakeFinishedBatches
   uint64_t version TROUPE_GUARDED_BY(mu) = 0;
   uint64_t step TROUPE_GUARDED_BY(mu) = 0;
   bool group_has_work TROUPE_GUARDED_BY(mu) = false;  // mirror of `group` for ReadyToStep
@@ -311,6 +313,13 @@ Result<Admission> Learner::Offer(TrainBatch batch) {
   return a;
 }
 
+std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
+  MutexLock l(state_->mu);
+  std::vector<FinishedBatch> out;
+  out.swap(state_->finished);
+  return out;
+}
+
 void Learner::SnapshotReference() {
   if (!reference_) return;
   Status st = reference_->LoadNamed(policy_->NamedWeights());
@@ -346,6 +355,7 @@ bool Learner::State::PrepareGroup() {
         --counters.queued_batches;
         ++counters.dropped_stale_batches;
         counters.dropped_stale_sequences += static_cast<uint64_t>(p.batch.num_sequences());
+        finished.push_back({p.batch.batch_id, false, st.message()});
         TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
                             "dropped stale batch '{}' before training: {}", p.batch.batch_id,
                             st.message());
@@ -440,6 +450,7 @@ void Learner::State::AbandonGroup(const Status& why) {
       --counters.queued_batches;
       ++counters.dropped_invalid_batches;
       counters.dropped_invalid_sequences += static_cast<uint64_t>(gb.batch.num_sequences());
+      finished.push_back({gb.batch.batch_id, false, "update failed: " + why.message()});
     }
   }
   group.reset();
@@ -567,6 +578,7 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
       --counters.queued_batches;
       ++counters.trained_batches;
       counters.trained_sequences += static_cast<uint64_t>(gb.batch.num_sequences());
+      finished.push_back({gb.batch.batch_id, true, ""});
       counters.uniform_groups += static_cast<uint64_t>(gb.adv.uniform_groups);
     }
   }
