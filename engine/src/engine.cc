@@ -134,6 +134,7 @@ struct Engine::Seq {
   int32_t new_tokens = 0;
   float temperature = 1.f;  // EffectiveTemperature of the request
   bool started = false;     // has sampled its first token (next_token is valid)
+  bool ghost = false;       // finished, kept computing PAD rows (Batching::kStaticPadded)
 };
 
 // Engine-thread state: never touched by other threads.
@@ -160,7 +161,8 @@ class Engine::Loop {
   const bool packed;                    // CPU fused path: LlamaModel::Step for everything
   std::vector<int32_t> scratch;
   std::vector<std::shared_ptr<Batch>> completed;  // finished during this iteration
-  int active = 0;
+  int active = 0;  // slots holding a running sequence (ghosts excluded)
+  int ghosts = 0;  // Batching::kStaticPadded: finished rows still computed
   uint64_t step_version = 0;
   // Counters since the last flush into Engine::stats_.
   EngineStats delta;
@@ -482,13 +484,25 @@ void Engine::ThreadMain() {
   auto free_slot = [&](Seq& s, FinishReason reason, std::string why) {
     FinishSeqResult(*s.out, reason, std::move(why));
     if (reason == FinishReason::kStop || reason == FinishReason::kLength) ++L.delta.sequences;
-    std::shared_ptr<Work> w = s.work;              // outlives s
-    L.slots[static_cast<size_t>(s.slot)].reset();  // destroys s
+    std::shared_ptr<Work> w = std::move(s.work);  // outlives s
     --L.active;
+    if (config_.batching == Batching::kStaticPadded && reason != FinishReason::kAborted) {
+      s.ghost = true;  // keeps its slot and its compute until the wave ends
+      s.out = nullptr;
+      ++L.ghosts;
+    } else {
+      L.slots[static_cast<size_t>(s.slot)].reset();  // destroys s
+    }
     complete_one(*w);
+  };
+  auto clear_ghosts = [&]() {
+    for (auto& slot : L.slots)
+      if (slot && slot->ghost) slot.reset();
+    L.ghosts = 0;
   };
   // Aborts everything (engine stopping or a failed step).
   auto abort_all = [&](const Status& why, bool include_pending) {
+    clear_ghosts();
     for (auto& slot : L.slots)
       if (slot) {
         if (slot->work->batch->abort_status.ok()) slot->work->batch->abort_status = why;
@@ -548,7 +562,10 @@ void Engine::ThreadMain() {
   // Admits pending requests into free slots (lowest first), within the prefill budget.
   auto admit = [&]() {
     std::vector<Chunk> chunks;
-    if (config_.static_batching && L.active > 0) return chunks;
+    if (config_.batching != Batching::kContinuous) {
+      if (L.active > 0) return chunks;  // the wave is still running
+      clear_ghosts();
+    }
     int64_t budget_rows = 0;  // rows x padded length (generic path) or total tokens (packed)
     int32_t max_len = 0;
     int32_t next_free = 0;
@@ -637,7 +654,8 @@ void Engine::ThreadMain() {
   auto packed_step = [&](const std::vector<Chunk>& chunks) {
     std::vector<Seq*> running;
     for (auto& slot : L.slots)
-      if (slot && slot->started) running.push_back(slot.get());
+      if (slot && slot->started && (!slot->ghost || slot->pos < config_.CacheLen()))
+        running.push_back(slot.get());
     int64_t n = static_cast<int64_t>(running.size());
     for (const Chunk& c : chunks) n += c.len;
     if (n == 0) return;
@@ -650,7 +668,7 @@ void Engine::ThreadMain() {
     float* temp_p = temps.data_ptr<float>();
     int64_t r = 0, k = 0;
     for (Seq* s : running) {
-      tp[r] = s->next_token;
+      tp[r] = s->ghost ? 0 : s->next_token;
       sp[r] = s->slot;
       pp[r] = s->pos;
       temp_p[k] = s->temperature;
@@ -675,6 +693,10 @@ void Engine::ThreadMain() {
     k = 0;
     for (Seq* s : running) {
       ++s->pos;  // next_token is now in the cache at its position
+      if (s->ghost) {
+        ++k;
+        continue;
+      }
       take_token(*s, lp + (k++) * V);
     }
     for (const Chunk& c : chunks) {
@@ -724,14 +746,14 @@ void Engine::ThreadMain() {
     float* temp_p = L.temps.data_ptr<float>();
     for (int32_t i = 0; i < config_.num_slots; ++i) {
       const Seq* s = L.slots[static_cast<size_t>(i)].get();
-      if (s == nullptr || !s->started) {
+      if (s == nullptr || !s->started || (s->ghost && s->pos >= config_.CacheLen())) {
         tp[i] = 0;
         pp[i] = 0;
         temp_p[i] = 1.f;
         continue;
       }
       n = i + 1;
-      tp[i] = s->next_token;
+      tp[i] = s->ghost ? 0 : s->next_token;
       pp[i] = s->pos;
       temp_p[i] = s->temperature;
       attn_len = std::max(attn_len, s->pos + 1);
@@ -747,9 +769,9 @@ void Engine::ThreadMain() {
     const float* lp = logp.data_ptr<float>();
     for (int32_t i = 0; i < n; ++i) {
       Seq* s = L.slots[static_cast<size_t>(i)].get();
-      if (s == nullptr || !s->started) continue;
+      if (s == nullptr || !s->started || (s->ghost && s->pos >= config_.CacheLen())) continue;
       ++s->pos;  // next_token is now in the cache at its position
-      take_token(*s, lp + static_cast<int64_t>(i) * V);
+      if (!s->ghost) take_token(*s, lp + static_cast<int64_t>(i) * V);
     }
   };
 
@@ -811,7 +833,7 @@ void Engine::ThreadMain() {
     }
     // Drop sequences whose Generate() gave up.
     for (auto& slot : L.slots)
-      if (slot && slot->work->batch->cancelled) {
+      if (slot && !slot->ghost && slot->work->batch->cancelled) {
         if (slot->work->batch->abort_status.ok())
           slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
         free_slot(*slot, FinishReason::kAborted, "cancelled");

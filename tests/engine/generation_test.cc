@@ -87,7 +87,7 @@ void ExpectLogprobsMatchForward(LlamaModel& model, const std::vector<GenerateReq
 
 struct ParityCase {
   bool fused;
-  bool static_batching;
+  Batching batching;
 };
 
 class LogprobParityTest : public ::testing::TestWithParam<ParityCase> {};
@@ -97,7 +97,7 @@ class LogprobParityTest : public ::testing::TestWithParam<ParityCase> {};
 TEST_P(LogprobParityTest, IncrementalLogprobsMatchFullForward) {
   EngineConfig cfg = SmallEngine(5);
   cfg.fused_cpu_kernels = GetParam().fused;
-  cfg.static_batching = GetParam().static_batching;
+  cfg.batching = GetParam().batching;
   auto model = std::make_shared<LlamaModel>(cfg.model, TestSeed());
   auto engine = Engine::Create(cfg, model);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
@@ -141,13 +141,19 @@ TEST_P(LogprobParityTest, IncrementalLogprobsMatchFullForward) {
   EXPECT_EQ((*engine)->stats().sequences, results->size());
 }
 
+std::string ParityName(const ::testing::TestParamInfo<ParityCase>& info) {
+  static const char* const kNames[] = {"Continuous", "Static", "StaticPadded"};
+  return std::string(info.param.fused ? "Packed" : "Generic") +
+         kNames[static_cast<int>(info.param.batching)];
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, LogprobParityTest,
-                         ::testing::Values(ParityCase{true, false}, ParityCase{false, false},
-                                           ParityCase{true, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.fused ? "Fused" : "Generic") +
-                                  (info.param.static_batching ? "Static" : "Continuous");
-                         });
+                         ::testing::Values(ParityCase{true, Batching::kContinuous},
+                                           ParityCase{false, Batching::kContinuous},
+                                           ParityCase{true, Batching::kStatic},
+                                           ParityCase{true, Batching::kStaticPadded},
+                                           ParityCase{false, Batching::kStaticPadded}),
+                         ParityName);
 
 TEST(GenerationTest, PaddingHoldsPadIdsMaskFalseLogprobZero) {
   auto engine = Engine::Create(SmallEngine(8));

@@ -40,6 +40,9 @@ struct SamplingParams {
   Status Validate() const;
 };
 
+// Slot refill policy (see EngineConfig::batching).
+enum class Batching { kContinuous, kStatic, kStaticPadded };
+
 // Where the model and the KV cache live.
 struct EngineConfig {
   // The policy model's sizes.
@@ -66,9 +69,11 @@ struct EngineConfig {
   bool fused_cpu_kernels = true;
   // Seed of the initial random weights when no model is passed in. Default 0.
   uint64_t init_seed = 0;
-  // Benchmark baseline: admit new sequences only when every slot is free (static batching).
-  // Default false (continuous batching: a finished slot is refilled at the next step).
-  bool static_batching = false;
+  // How slots are refilled. kContinuous (default): a finished slot is refilled at the next
+  // step. kStatic and kStaticPadded are benchmark baselines: new sequences are admitted only
+  // when the whole previous wave has finished; kStaticPadded also keeps computing finished
+  // rows (fed PAD, results unchanged) until the wave ends, like padded batch generation.
+  Batching batching = Batching::kContinuous;
 
   // Cache length actually used.
   int32_t CacheLen() const {
