@@ -107,6 +107,8 @@ Status TaskConfig::Validate() const {
   if (k != "jsonl" && !path.empty())
     return InvalidArgument("task '{}': `path` is only used by kind jsonl (kind is '{}')", name, k);
   if (k == "file_reverse" || k == "file_sort") TROUPE_RETURN_IF_ERROR(ctx(workspace.Validate()));
+  if (!(weight >= 0.0 && weight <= 1e6))
+    return InvalidArgument("task '{}': weight = {} must be in [0, 1e6]", name, weight);
   return Status::Ok();
 }
 
@@ -165,6 +167,10 @@ Status ValidateTasks(const std::vector<TaskConfig>& tasks) {
     TROUPE_RETURN_IF_ERROR(t.Validate());
     if (!names.insert(t.name).second) return InvalidArgument("task '{}' is defined twice", t.name);
   }
+  bool any_weight = false;
+  for (const auto& t : tasks) any_weight = any_weight || t.weight > 0;
+  if (!tasks.empty() && !any_weight)
+    return InvalidArgument("every task has weight 0; at least one task must be trained on");
   return Status::Ok();
 }
 

@@ -198,6 +198,10 @@ Attempt PostOnce(CURL* h, curl_slist* headers, const RewardServiceConfig& svc,
   if (status < 200 || status >= 300) {
     a.fail = Fail::kHttpStatus;
     a.reason = fmt::format("HTTP status {}", status);
+    // Services may explain themselves with {"error": "..."}.
+    json doc = json::parse(response, nullptr, false);
+    if (doc.is_object() && doc.contains("error") && doc["error"].is_string())
+      a.reason += ": " + Printable(doc["error"].get<std::string>(), 200);
     a.retryable = status >= 500 || status == 408 || status == 429;
     return a;
   }

@@ -15,86 +15,26 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "server_process.h"
 #include "troupe/envs/reward_client.h"
 #include "troupe/envs/scorer.h"
-
-extern char** environ;
 
 namespace troupe::envs {
 namespace {
 
 using json = nlohmann::json;
 
-// The test server as a child process, killed by pid in the destructor.
-class ServerProcess {
+// The test server (tests/envs/reward_server.py) with request counters.
+class ServerProcess : public testing::ServerProcess {
  public:
-  ServerProcess() {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::string script = std::string(TROUPE_ENVS_TEST_DIR) + "/reward_server.py";
-    const char* argv[] = {"python3", script.c_str(), "--port", "0", nullptr};
-    int rc = posix_spawnp(&pid_, "python3", &actions, nullptr, const_cast<char**>(argv), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    if (rc != 0) {
-      pid_ = -1;
-      close(fds[0]);
-      return;
-    }
-    // Wait (bounded) for "PORT <n>\n".
-    std::string line;
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
-      pollfd p{fds[0], POLLIN, 0};
-      if (poll(&p, 1, 1000) <= 0) continue;
-      char buf[64];
-      ssize_t n = read(fds[0], buf, sizeof(buf));
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    close(fds[0]);
-    if (line.rfind("PORT ", 0) == 0) port_ = std::atoi(line.c_str() + 5);
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool ok() const { return pid_ > 0 && port_ > 0; }
-  std::string Url(const std::string& path) const {
-    return "http://127.0.0.1:" + std::to_string(port_) + path;
-  }
-  // GET /stats (plain libcurl, bounded).
-  json Stats() const {
-    std::string body;
-    CURL* h = curl_easy_init();
-    std::string url = Url("/stats");
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_PROXY, "");
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(
-        h, CURLOPT_WRITEFUNCTION, +[](char* d, size_t s, size_t n, void* u) {
-          static_cast<std::string*>(u)->append(d, s * n);
-          return s * n;
-        });
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);
-    curl_easy_perform(h);
-    curl_easy_cleanup(h);
-    return json::parse(body, nullptr, false);
-  }
+  ServerProcess()
+      : testing::ServerProcess(
+            {"python3", std::string(TROUPE_ENVS_TEST_DIR) + "/reward_server.py", "--port", "0"}) {}
+  json Stats() const { return json::parse(Get("/stats"), nullptr, false); }
   int64_t Count(const std::string& path) const {
     json s = Stats();
     return s["paths"].contains(path) ? s["paths"][path].get<int64_t>() : 0;
   }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
 };
 
 class RewardClientTest : public ::testing::Test {

@@ -1,10 +1,12 @@
 // Built-in tasks: determinism, disjoint splits, prompt formats, verifiers,
 // demonstrations and config errors.
+#include <map>
 #include <regex>
 #include <set>
 
 #include <gtest/gtest.h>
 
+#include "troupe/envs/sampler.h"
 #include "troupe/envs/tasks.h"
 #include "troupe/envs/verify.h"
 
@@ -292,6 +294,55 @@ TEST(TaskRegistry, BuildsAndFindsTasks) {
   auto reg2 = TaskRegistry::Create({named});
   ASSERT_TRUE(reg2.ok());
   EXPECT_GE((*reg2)->Find("rev_long")->GetPrompt(Split::kTrain, 0).reference.size(), 8u);
+}
+
+TEST(PromptStream, ShardsPartitionOneStream) {
+  auto reg = TaskRegistry::Create({Config("reverse")});
+  ASSERT_TRUE(reg.ok());
+  std::set<std::string> seen;
+  for (uint32_t shard = 0; shard < 3; ++shard) {
+    auto s = PromptStream::Create(*reg, {{"reverse", 1.0}}, 7, shard, 3);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    for (int k = 0; k < 10; ++k) EXPECT_TRUE(seen.insert(s->Next().prompt.id).second);
+  }
+  for (int g = 0; g < 30; ++g) EXPECT_EQ(seen.count("reverse/train/" + std::to_string(g)), 1u);
+  EXPECT_FALSE(PromptStream::Create(*reg, {{"reverse", 1.0}}, 7, 3, 3).ok());
+  EXPECT_FALSE(PromptStream::Create(*reg, {{"nope", 1.0}}, 7, 0, 1).ok());
+  EXPECT_FALSE(PromptStream::Create(*reg, {{"reverse", 0.0}}, 7, 0, 1).ok());
+}
+
+TEST(PromptStream, MixesByWeightAndResumes) {
+  TaskConfig add = Config("add");
+  add.weight = 3;
+  TaskConfig evalonly = Config("sort");
+  evalonly.weight = 0;
+  std::vector<TaskConfig> configs = {Config("reverse"), add, evalonly};
+  auto reg = TaskRegistry::Create(configs);
+  ASSERT_TRUE(reg.ok());
+  auto s = PromptStream::Create(*reg, configs, 11, 0, 1);
+  ASSERT_TRUE(s.ok());
+  std::map<std::string, int> count;
+  std::vector<std::string> ids;
+  for (int k = 0; k < 4000; ++k) {
+    TaskPrompt tp = s->Next();
+    ++count[tp.task->name()];
+    ids.push_back(tp.prompt.id);
+  }
+  EXPECT_EQ(count["sort"], 0) << "weight 0: evaluation only";
+  double add_share = count["add"] / 4000.0;
+  EXPECT_GT(add_share, 0.70);  // 3 / (3 + 1) = 0.75; fixed seed, so this is deterministic
+  EXPECT_LT(add_share, 0.80);
+  // Resume from a checkpointed position.
+  auto again = PromptStream::Create(*reg, configs, 11, 0, 1);
+  again->Seek(1234);
+  EXPECT_EQ(again->position(), 1234u);
+  for (int k = 1234; k < 1300; ++k) EXPECT_EQ(again->Next().prompt.id, ids[static_cast<size_t>(k)]);
+  // Eval prompts: every task's held-out split, including eval-only tasks.
+  auto eval = EvalPrompts(**reg);
+  EXPECT_EQ(eval.size(), 600u);
+  EXPECT_EQ(eval.front().task->name(), "add");
+  std::vector<TaskConfig> none = {evalonly};
+  EXPECT_FALSE(ValidateTasks(none).ok()) << "some task must have a positive weight";
 }
 
 }  // namespace

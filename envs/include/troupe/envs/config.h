@@ -74,6 +74,9 @@ struct TaskConfig {
   bool tool_instructions = false;
   // Scratch directory limits for file_reverse / file_sort.
   WorkspaceConfig workspace;
+  // Relative frequency of this task in the training mix (PromptStream); 0 =
+  // evaluation only. Default 1.
+  double weight = 1.0;
 
   // The effective kind (`kind`, or `name` when empty).
   const std::string& effective_kind() const { return kind.empty() ? name : kind; }
