@@ -23,7 +23,8 @@ BatchData MakeBatchData(int sequences, uint64_t seed) {
   d.response_offsets = AlignedBuffer::Make((sequences + 1) * 8);
   d.logprobs = AlignedBuffer::Make(nr * 4);
   d.mask = AlignedBuffer::Make(nr);
-  for (size_t i = 0; i < np; ++i) d.prompt_tokens->as<int32_t>()[i] = static_cast<int32_t>(rng() % 32000);
+  for (size_t i = 0; i < np; ++i)
+    d.prompt_tokens->as<int32_t>()[i] = static_cast<int32_t>(rng() % 32000);
   for (size_t i = 0; i < nr; ++i) {
     d.response_tokens->as<int32_t>()[i] = static_cast<int32_t>(rng() % 32000);
     d.logprobs->as<float>()[i] = -static_cast<float>(rng() % 1000) / 100.f;
@@ -37,7 +38,9 @@ BatchData MakeBatchData(int sequences, uint64_t seed) {
 }
 
 transport::OutMessage BuildBatch(const BatchData& d, uint64_t index) {
-  transport::OutMessage m;
+  // Room for the metadata and the small tensors in segment 0 (see OutMessage).
+  transport::OutMessage m(4096 + static_cast<size_t>(d.sequences) * 160 +
+                          (d.sequences < 32 ? d.tensor_bytes() : 0));
   auto b = m.envelope().getBody().initRolloutBatch();
   b.setBatchId(fmt::format("rollout-0/1/{}", index));
   b.setPolicyVersion(7);

@@ -57,15 +57,16 @@ int DecodeOne(const uint8_t* data, size_t size) {
   auto body = env.getBody();
   switch (body.which()) {
     case wire::Envelope::Body::ECHO:
-      sink = sink + Touch(ReadTensor(body.getEcho().getPayload())) +
-             body.getEcho().getText().size();
+      sink =
+          sink + Touch(ReadTensor(body.getEcho().getPayload())) + body.getEcho().getText().size();
       break;
     case wire::Envelope::Body::ROLLOUT_BATCH: {
       auto b = body.getRolloutBatch();
       sink = sink + Touch(ReadTensor(b.getPromptTokens())) +
              Touch(ReadTensor(b.getResponseTokens())) +
              Touch(ReadTensor(b.getBehaviourLogprobs())) + Touch(ReadTensor(b.getLossMask()));
-      for (auto s : b.getSequences()) sink = sink + s.getPromptId().size() + s.getResponseText().size();
+      for (auto s : b.getSequences())
+        sink = sink + s.getPromptId().size() + s.getResponseText().size();
       break;
     }
     case wire::Envelope::Body::ACK: {

@@ -129,6 +129,7 @@ class ZmqSocket final : public Socket {
   int wake_fd_ = -1;
   std::atomic<int> in_waiters_{0};
   void* monitor_ = nullptr;  // PAIR socket reading this socket's events (Recv thread only)
+  Clock::time_point last_monitor_drain_{};
   std::shared_ptr<SegmentBufferPool> pool_ = std::make_shared<SegmentBufferPool>();
 };
 
@@ -665,7 +666,6 @@ Result<Incoming> ZmqSocket::Recv(Deadline deadline) {
     std::atomic<int>& w;
     ~Guard() { w.fetch_sub(1, std::memory_order_acq_rel); }
   } guard{in_waiters_};
-  DrainMonitor();
   while (true) {
     auto frames = std::make_unique<ZmqFrames>();
     bool too_many = false;
@@ -676,15 +676,20 @@ Result<Incoming> ZmqSocket::Recv(Deadline deadline) {
       got = TryRecvLocked(frames.get(), &too_many);
     }
     if (got) return Decode(std::move(frames), too_many);
-    if (deadline.expired()) {
+    // Idle: count refused handshakes (at most every 20 ms: each check costs a
+    // syscall inside ZeroMQ).
+    const auto now = Clock::now();
+    if (monitor_ != nullptr && now - last_monitor_drain_ >= std::chrono::milliseconds(20)) {
+      last_monitor_drain_ = now;
       DrainMonitor();
+    }
+    if (deadline.expired()) {
       return Timeout("no message on {} before the deadline", endpoint_);
     }
     pollfd p[2] = {{zmq_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     // Cap the wait so monitor events are counted even on an idle socket.
-    int rc = ::poll(p, 2, PollMs(deadline, 1000));
+    int rc = ::poll(p, 2, PollMs(deadline, monitor_ != nullptr ? 100 : 1000));
     if (rc > 0 && (p[1].revents & POLLIN)) DrainEventFd(wake_fd_);
-    if (rc == 0) DrainMonitor();
   }
 }
 

@@ -112,8 +112,16 @@ struct SealInfo {
 
 class OutMessage {
  public:
-  // An empty Envelope (body defaults to `register`; set one).
+  // An empty Envelope (body defaults to `register`; set one). The first
+  // segment holds 8 KiB; what does not fit goes to further segments.
   OutMessage();
+  // Same, with a first segment of at least `size_hint_bytes`. Give a hint when
+  // a message carries a lot of non-tensor data (e.g. one SequenceMeta per
+  // sequence): everything outside segment 0 is reached through far pointers,
+  // and Cap'n Proto 0.9's reader takes a mutex for each of those reads on the
+  // receiving side. Tensors referenced with SetTensor are separate segments
+  // anyway and need no room here.
+  explicit OutMessage(size_t size_hint_bytes);
 
   // The root builder. TROUPE_CHECKs that the message is not sealed yet.
   wire::Envelope::Builder envelope();
