@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -332,6 +334,17 @@ TEST(Learner, AccountingIsExactUnderMixedTraffic) {
                                     (k.dropped_stale_batches -
                                      (generated - k.accepted_batches - k.dropped_invalid_batches)));
   EXPECT_EQ(k.updates, l->version());
+  // Every accepted batch whose fate was decided is reported exactly once.
+  uint64_t trained = 0, dropped = 0;
+  std::set<std::string> ids;
+  for (const FinishedBatch& f : l->TakeFinishedBatches()) {
+    EXPECT_TRUE(ids.insert(f.batch_id).second) << f.batch_id;
+    (f.trained ? trained : dropped) += 1;
+    EXPECT_EQ(f.reason.empty(), f.trained);
+  }
+  EXPECT_EQ(trained, k.trained_batches);
+  EXPECT_EQ(trained + dropped + k.queued_batches, k.accepted_batches);
+  EXPECT_TRUE(l->TakeFinishedBatches().empty());
   EXPECT_GT(k.trained_batches, 0u);
   EXPECT_GT(k.dropped_stale_batches, 0u);
 }

@@ -49,6 +49,15 @@ struct Admission {
   bool ready = false;            // ReadyToStep() after the offer
 };
 
+// A batch whose fate is decided: trained (counted at its first update) or
+// dropped after it was accepted (stale before its first update, or its update
+// failed). The learner actor acknowledges (or rejects) it upstream.
+struct FinishedBatch {
+  std::string batch_id;
+  bool trained = false;
+  std::string reason;  // why it was dropped (empty when trained)
+};
+
 class Learner {
  public:
   // Validates the config against the model (vocabulary, context length) and
@@ -86,6 +95,9 @@ class Learner {
   // config.supervised_lr, token-mean over response tokens. Increases the
   // version like any update. kInvalidArgument for malformed demonstrations.
   Result<StepMetrics> SupervisedStep(const Demonstrations& demos);
+
+  // Batches decided since the last call, in decision order. Thread-safe.
+  std::vector<FinishedBatch> TakeFinishedBatches();
 
   // Copies the policy's current weights into the reference (e.g. after the
   // supervised warm start). No-op without a reference.
