@@ -118,7 +118,22 @@ class Gen {
                                                    "guess", "rm",    "exec", "Read", "../x"};
     return names[Below(names.size())];
   }
-  json Args() {
+  // Plausible arguments for a tool (so success paths and quotas get exercised too).
+  json Plausible(const std::string& name) {
+    static const std::vector<std::string> files = {"a.txt",   "d/e.txt", "d/f/g.txt",
+                                                   "out.txt", "w.txt",   "x"};
+    std::string path = files[Below(files.size())];
+    std::string content(Below(3) == 0 ? Below(30000) : Below(20),
+                        static_cast<char>('a' + Below(26)));
+    if (name == "write") return {{"path", path}, {"content", content}};
+    if (name == "edit") return {{"path", path}, {"old", content.substr(0, 1)}, {"new", content}};
+    if (name == "read") return {{"path", path}, {"offset", Below(4)}, {"limit", 1 + Below(8)}};
+    if (name == "list") return {{"path", Chance(0.5) ? "." : "d"}};
+    if (name == "guess") return {{"word", "abcd"}};
+    return json::object();
+  }
+  json Args(const std::string& name = "") {
+    if (!name.empty() && Chance(0.35)) return Plausible(name);
     json o = json::object();
     for (size_t i = Below(5); i > 0; --i) o[Key()] = Value();
     return o;
@@ -130,7 +145,8 @@ class Gen {
     if (k == 1) return "<tool>" + Name() + " " + Bytes(60) + (Chance(0.5) ? "</tool>" : "");
     if (k == 2) return "<tool>" + Name() + " " + std::string(Below(100), '{') + "</tool>";
     std::string text = Chance(0.2) ? Bytes(20) : "";
-    return text + FormatToolCall(Name(), Args()) + (Chance(0.2) ? Bytes(20) : "");
+    std::string name = Name();
+    return text + FormatToolCall(name, Args(name)) + (Chance(0.2) ? Bytes(20) : "");
   }
 
  private:
@@ -207,6 +223,7 @@ TEST_F(ToolsFuzz, RandomTurnsThroughEpisodes) {
     }
     CheckOutside();
   }
+  std::printf("%lld random turns through episodes\n", static_cast<long long>(calls));
   EXPECT_GT(calls, 1000);
 }
 
@@ -240,7 +257,7 @@ TEST_F(ToolsFuzz, RandomCallsAgainstPlantedLinksAndSpecialFiles) {
     ASSERT_EQ(mkfifo((ws / "fifo").c_str(), 0600), 0);
     for (int k = 0; k < 150; ++k) {
       std::string name = gen.Name();
-      json args = gen.Chance(0.1) ? json(gen.Value()) : gen.Args();
+      json args = gen.Chance(0.1) ? json(gen.Value()) : gen.Args(name);
       if (!args.is_object()) args = json::object({{"path", args}});
       ToolResult r = (*env)->Call(name, args);
       ++calls;
@@ -267,6 +284,8 @@ TEST_F(ToolsFuzz, RandomCallsAgainstPlantedLinksAndSpecialFiles) {
     env->reset();
     ASSERT_FALSE(fs::exists(ws));
   }
+  std::printf("%lld random tool calls, %lld rejected\n", static_cast<long long>(calls),
+              static_cast<long long>(errors));
   EXPECT_GE(calls, 3000);
   EXPECT_GT(errors, calls / 4) << "junk arguments mostly fail";
   EXPECT_LT(errors, calls) << "some calls succeed";
