@@ -164,6 +164,28 @@ TEST(Message, WithSeqSharesTensorsAndPatchesOnlyTheCopy) {
   EXPECT_EQ(b->sender(), "tester");
 }
 
+TEST(Message, ForwardingAReceivedTensorDoesNotCopy) {
+  OutMessage m = MakeEcho("in", 100003, 5);  // odd size: padding must come from the frame
+  Wire w = Encode(m);
+  auto in = Decode(w.frames);
+  ASSERT_TRUE(in.ok());
+  auto view = ReadTensor(in->envelope().getBody().getEcho().getPayload());
+  ASSERT_TRUE(view.ok());
+  OutMessage fwd;
+  auto e = fwd.envelope().getBody().initEcho();
+  ASSERT_TRUE(fwd.SetTensor(e.initPayload(), view->dtype, view->shape,
+                            TensorBytes::FromView(*view, in->KeepAlive()))
+                  .ok());
+  EXPECT_EQ(fwd.copied_tensor_bytes(), 0u);
+  Wire w2 = Encode(fwd);
+  auto in2 = Decode(w2.frames);
+  ASSERT_TRUE(in2.ok());
+  auto v2 = ReadTensor(in2->envelope().getBody().getEcho().getPayload());
+  ASSERT_TRUE(v2.ok());
+  EXPECT_EQ(v2->data, view->data);  // same bytes, end to end
+  EXPECT_EQ(v2->as<int32_t>()[100002], 5 + 100002);
+}
+
 TEST(Message, LimitsValidate) {
   DecodeLimits l;
   EXPECT_TRUE(l.Validate().ok());

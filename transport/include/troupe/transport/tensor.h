@@ -130,6 +130,12 @@ struct TensorBytes {
                             size_t readable = 0);
   // Takes a filled AlignedBuffer (zero-copy).
   static TensorBytes FromBuffer(std::shared_ptr<AlignedBuffer> buffer);
+  // Forwards a received tensor without copying (e.g. reward -> learner):
+  // `keep_alive` is the source message's InMessage::KeepAlive(). A received
+  // view is 8-aligned and its word padding lies inside the received segment.
+  static TensorBytes FromView(const TensorView& view, std::shared_ptr<const void> keep_alive) {
+    return Borrow(view.data, view.bytes, std::move(keep_alive), RoundUpToWord(view.bytes));
+  }
   // Copies `bytes` from `data` into a fresh AlignedBuffer (for small or
   // short-lived data).
   static TensorBytes Copy(const void* data, size_t bytes);
