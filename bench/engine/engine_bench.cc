@@ -16,10 +16,12 @@
 //
 // usage: engine_bench [--quick] [--repeats N] [--no-python]
 // Ends with one JSON line of the key figures and ratios.
+#include <dlfcn.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <random>
@@ -84,9 +86,22 @@ std::vector<GenerateRequest> Requests(int n, int prompt_len, int vocab, std::mt1
   return out;
 }
 
-// Generated tokens per second of one Generate() call.
-double EngineRun(Engine& e, const std::vector<GenerateRequest>& reqs) {
-  const uint64_t before = e.stats().generated_tokens;
+// A throughput measured two ways: per wall-clock second and per CPU-second of the thread that
+// did the work. On a shared machine other processes steal wall time but not CPU time, so
+// with one compute thread the CPU-based figure is the load-robust one.
+struct Rate {
+  double wall = 0, cpu = 0;
+};
+
+double ThreadCpu() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Generated tokens per second of one Generate() call (CPU time: the engine thread's).
+Rate EngineRun(Engine& e, const std::vector<GenerateRequest>& reqs) {
+  const EngineStats before = e.stats();
   auto t0 = Clock::now();
   auto res = e.Generate(reqs, Deadline::InMs(600000));
   auto t1 = Clock::now();
@@ -94,18 +109,23 @@ double EngineRun(Engine& e, const std::vector<GenerateRequest>& reqs) {
     std::fprintf(stderr, "generate failed: %s\n", res.status().ToString().c_str());
     std::exit(1);
   }
-  return static_cast<double>(e.stats().generated_tokens - before) / Seconds(t0, t1);
+  const EngineStats after = e.stats();
+  const double tokens = static_cast<double>(after.generated_tokens - before.generated_tokens);
+  return {tokens / Seconds(t0, t1), tokens / (after.step_cpu_seconds - before.step_cpu_seconds)};
 }
 
 // Runs every measurement once per round, interleaved (so load from other processes hits
-// all of them alike), after one warm-up round; returns each one's best rate. The best of
+// all of them alike), after one warm-up round; returns each one's best rates. The best of
 // several runs estimates the unloaded speed: interference only ever adds time.
-std::vector<double> BestOf(int rounds, const std::vector<std::function<double()>>& runs) {
-  std::vector<double> best(runs.size(), 0.0);
+std::vector<Rate> BestOf(int rounds, const std::vector<std::function<Rate()>>& runs) {
+  std::vector<Rate> best(runs.size());
   for (int r = -1; r < rounds; ++r)
     for (size_t i = 0; i < runs.size(); ++i) {
-      double v = runs[i]();
-      if (r >= 0) best[i] = std::max(best[i], v);
+      Rate v = runs[i]();
+      if (r >= 0) {
+        best[i].wall = std::max(best[i].wall, v.wall);
+        best[i].cpu = std::max(best[i].cpu, v.cpu);
+      }
     }
   return best;
 }
@@ -127,46 +147,65 @@ std::unique_ptr<Engine> MakeEngine(const ModelConfig& m, int slots, int threads,
 
 // Full recompute: for every new token, run the whole sequence through Forward and sample the
 // last position (greedy), appending with cat. Tokens/s of one run.
-double RecomputeRun(LlamaModel& model, int batch, int prompt_len, int new_tokens) {
+Rate RecomputeRun(LlamaModel& model, int batch, int prompt_len, int new_tokens) {
   c10::InferenceMode guard;
   at::Tensor ids = at::randint(3, model.config().vocab_size, {batch, prompt_len}, at::kLong);
   auto t0 = Clock::now();
+  const double c0 = ThreadCpu();
   for (int s = 0; s < new_tokens; ++s) {
     at::Tensor logits = model.Forward(ids).select(1, ids.size(1) - 1);
     at::Tensor next = at::argmax(ScaledLogSoftmax(logits, 1.0), -1, /*keepdim=*/true);
     ids = at::cat({ids, next}, 1);
   }
-  return static_cast<double>(batch) * new_tokens / Seconds(t0, Clock::now());
+  const double tokens = static_cast<double>(batch) * new_tokens;
+  return {tokens / Seconds(t0, Clock::now()), tokens / (ThreadCpu() - c0)};
 }
 
 // Full-sequence forward tokens/s on [batch, len] (the decode limit), one run.
-double ForwardRun(LlamaModel& model, const at::Tensor& ids) {
+Rate ForwardRun(LlamaModel& model, const at::Tensor& ids) {
   c10::InferenceMode guard;
   auto t0 = Clock::now();
+  const double c0 = ThreadCpu();
   at::Tensor logits = model.Forward(ids);
-  return static_cast<double>(ids.numel()) / Seconds(t0, Clock::now());
+  const double tokens = static_cast<double>(ids.numel());
+  return {tokens / Seconds(t0, Clock::now()), tokens / (ThreadCpu() - c0)};
 }
 
-double PythonPeer(const ModelConfig& m, int batch, int prompt_len, int new_tokens) {
+Rate PythonPeer(const ModelConfig& m, int batch, int prompt_len, int new_tokens) {
   const char* src = std::getenv("TROUPE_SOURCE_DIR");
   std::string script = std::string(src ? src : ".") + "/bench/engine/torch_generate_peer.py";
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return -1;
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return {};
   std::string cmd = fmt::format(
-      "OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 /usr/bin/python3 {} --layers {} --d-model {} "
-      "--heads {} "
-      "--kv-heads {} --ffn {} --vocab {} --batch {} --prompt-len {} --new-tokens {} "
-      "--threads 1 --repeats 7",
+      "OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 /usr/bin/python3 {} --layers {} "
+      "--d-model {} --heads {} --kv-heads {} --ffn {} --vocab {} --batch {} --prompt-len {} "
+      "--new-tokens {} --threads 1 --repeats 9",
       script, m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size, batch,
       prompt_len, new_tokens);
   std::FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
+  if (p == nullptr) return {};
   std::string out;
   char buf[4096];
   while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  if (pclose(p) != 0) return -1;
+  if (pclose(p) != 0 || out.rfind('{') == std::string::npos) return {};
   auto j = nlohmann::json::parse(out.substr(out.rfind('{')), nullptr, false);
-  if (j.is_discarded() || !j.contains("tokens_per_s")) return -1;
-  return j["tokens_per_s"].get<double>();
+  if (j.is_discarded() || !j.contains("tokens_per_s")) return {};
+  return {j["tokens_per_s"].get<double>(), j["cpu_tokens_per_s"].get<double>()};
+}
+
+void SetBlasThreads(int n) {
+  auto fn = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn != nullptr) fn(n);
+}
+
+// "<cpu-based> tok/s (wall <wall>)".
+std::string Show(const Rate& r) {
+  return fmt::format("{:.0f} tok/s (wall {:.0f})", r.cpu, r.wall);
+}
+
+// Records a rate in the JSON line: "<key>" (CPU-based) and "<key>_wall".
+void Put(nlohmann::ordered_json& j, const std::string& key, const Rate& r) {
+  j[key] = r.cpu;
+  j[key + "_wall"] = r.wall;
 }
 
 int Main(int argc, char** argv) {
@@ -186,6 +225,7 @@ int Main(int argc, char** argv) {
     }
   }
   ConfigureAllocatorForTensors();
+  SetBlasThreads(1);  // CPU-time figures count one thread's work
   log::Options lo;
   lo.level = spdlog::level::warn;
   log::Init("engine-bench", lo);
@@ -205,12 +245,12 @@ int Main(int argc, char** argv) {
     LlamaModel model(m);
     auto best = BestOf(std::max(1, R / 2), {[&] { return EngineRun(*e, reqs); },
                                             [&] { return RecomputeRun(model, B, kPrompt, kNew); }});
-    std::printf(
-        "kv cache vs recompute (default model, batch %d, %d new): %.0f vs %.0f tok/s = %.1fx\n", B,
-        kNew, best[0], best[1], best[0] / best[1]);
-    j["kv_tok_s"] = best[0];
-    j["recompute_tok_s"] = best[1];
-    j["kv_vs_recompute"] = best[0] / best[1];
+    std::printf("kv cache vs full recompute (default model, batch %d, %d new): %s vs %s = %.1fx\n",
+                B, kNew, Show(best[0]).c_str(), Show(best[1]).c_str(), best[0].cpu / best[1].cpu);
+    Put(j, "kv_tok_s", best[0]);
+    Put(j, "recompute_tok_s", best[1]);
+    j["kv_vs_recompute"] = best[0].cpu / best[1].cpu;
+    j["kv_vs_recompute_wall"] = best[0].wall / best[1].wall;
   }
   // 2. Decode efficiency at batch 32 vs the full-sequence forward, two model sizes.
   for (const auto& [name, m0] : std::vector<std::pair<std::string, ModelConfig>>{
@@ -223,11 +263,13 @@ int Main(int argc, char** argv) {
     at::Tensor ids = at::randint(3, m.vocab_size, {32, kPrompt + kNew}, at::kLong);
     auto best =
         BestOf(R, {[&] { return EngineRun(*e, reqs); }, [&] { return ForwardRun(model, ids); }});
-    std::printf("decode efficiency (%s model: %s): %.0f decode tok/s / %.0f forward tok/s = %.2f\n",
-                name.c_str(), m.ToString().c_str(), best[0], best[1], best[0] / best[1]);
-    j["decode_tok_s_" + name] = best[0];
-    j["forward_tok_s_" + name] = best[1];
-    j["decode_efficiency_" + name] = best[0] / best[1];
+    std::printf("decode efficiency (%s model: %s): decode %s / forward %s = %.2f\n", name.c_str(),
+                m.ToString().c_str(), Show(best[0]).c_str(), Show(best[1]).c_str(),
+                best[0].cpu / best[1].cpu);
+    Put(j, "decode_tok_s_" + name, best[0]);
+    Put(j, "forward_tok_s_" + name, best[1]);
+    j["decode_efficiency_" + name] = best[0].cpu / best[1].cpu;
+    j["decode_efficiency_" + name + "_wall"] = best[0].wall / best[1].wall;
   }
   // 3. Continuous vs static batching, response lengths uniform in [8, 128].
   {
@@ -241,21 +283,23 @@ int Main(int argc, char** argv) {
         BestOf(R, {[&] { return EngineRun(*cont, reqs); }, [&] { return EngineRun(*padded, reqs); },
                    [&] { return EngineRun(*waves, reqs); }});
     std::printf(
-        "continuous vs static batching (32 slots, %zu requests, 8..128 new): %.0f tok/s vs %.0f "
-        "padded static = %.2fx (vs %.0f static waves without padding = %.2fx)\n",
-        reqs.size(), best[0], best[1], best[0] / best[1], best[2], best[0] / best[2]);
-    j["continuous_tok_s"] = best[0];
-    j["static_padded_tok_s"] = best[1];
-    j["static_waves_tok_s"] = best[2];
-    j["continuous_vs_static"] = best[0] / best[1];
-    j["continuous_vs_static_waves"] = best[0] / best[2];
+        "continuous vs static batching (32 slots, %zu requests, 8..128 new): %s vs padded "
+        "static %s = %.2fx; static waves without padding %s = %.2fx\n",
+        reqs.size(), Show(best[0]).c_str(), Show(best[1]).c_str(), best[0].cpu / best[1].cpu,
+        Show(best[2]).c_str(), best[0].cpu / best[2].cpu);
+    Put(j, "continuous_tok_s", best[0]);
+    Put(j, "static_padded_tok_s", best[1]);
+    Put(j, "static_waves_tok_s", best[2]);
+    j["continuous_vs_static"] = best[0].cpu / best[1].cpu;
+    j["continuous_vs_static_wall"] = best[0].wall / best[1].wall;
+    j["continuous_vs_static_waves"] = best[0].cpu / best[2].cpu;
   }
   // 4. Tokens/s against batch size, default model, prompts of 10 tokens, 32 new tokens.
   {
-    nlohmann::ordered_json sweep;
+    nlohmann::ordered_json sweep, sweep_wall;
     std::vector<std::unique_ptr<Engine>> engines;
     std::vector<std::vector<GenerateRequest>> reqs;
-    std::vector<std::function<double()>> runs;
+    std::vector<std::function<Rate()>> runs;
     const std::vector<int> sizes = {1, 8, 32, 128, 256};
     for (int b : sizes) {
       engines.push_back(MakeEngine(DefaultModel(), b, 1));
@@ -265,35 +309,39 @@ int Main(int argc, char** argv) {
       runs.push_back([&, i] { return EngineRun(*engines[i], reqs[i]); });
     auto best = BestOf(R, runs);
     for (size_t i = 0; i < sizes.size(); ++i) {
-      std::printf("batch %3d: %.0f tok/s\n", sizes[i], best[i]);
-      sweep[std::to_string(sizes[i])] = best[i];
+      std::printf("batch %3d, 10-token prompts, 32 new: %s\n", sizes[i], Show(best[i]).c_str());
+      sweep[std::to_string(sizes[i])] = best[i].cpu;
+      sweep_wall[std::to_string(sizes[i])] = best[i].wall;
     }
     j["batch_sweep_tok_s"] = sweep;
+    j["batch_sweep_tok_s_wall"] = sweep_wall;
   }
-  // 5. The default job: 16 prompts x 8 samples, prompt 10, 8 new tokens; 1 vs 2 threads.
+  // 5. The default job: 16 prompts x 8 samples, prompt 10, 8 new tokens; the Python loop;
+  //    1 vs 2 intra-op threads (wall clock only: CPU time does not compare across threads).
   {
     std::vector<GenerateRequest> reqs = Requests(16, 10, 32, rng, 8, 8);
     for (auto& r : reqs) r.sampling.num_samples = 8;
     auto e1 = MakeEngine(DefaultModel(), 128, 1);
-    auto e2 = MakeEngine(DefaultModel(), 128, 2);
-    auto best =
-        BestOf(R * 3, {[&] { return EngineRun(*e1, reqs); }, [&] { return EngineRun(*e2, reqs); }});
-    std::printf(
-        "default job (16 prompts x 8 samples, 8 new): %.0f tok/s (1 thread), %.0f tok/s (2 "
-        "threads)\n",
-        best[0], best[1]);
-    j["default_job_tok_s_1thread"] = best[0];
-    j["default_job_tok_s_2threads"] = best[1];
-    double py = o.python ? PythonPeer(DefaultModel(), 128, 10, 8) : -1;
-    if (py > 0) {
-      std::printf(
-          "python pytorch loop (same shapes, 1 thread, best of 7): %.0f tok/s -> engine %.1fx\n",
-          py, best[0] / py);
-      j["python_loop_tok_s"] = py;
-      j["default_job_vs_python"] = best[0] / py;
+    auto best1 = BestOf(R * 3, {[&] { return EngineRun(*e1, reqs); }});
+    Rate py = o.python ? PythonPeer(DefaultModel(), 128, 10, 8) : Rate{};
+    std::printf("default job (16 prompts x 8 samples, 8 new): %s\n", Show(best1[0]).c_str());
+    Put(j, "default_job_tok_s", best1[0]);
+    if (py.cpu > 0) {
+      std::printf("plain PyTorch loop, same shapes and threads: %s -> engine %.1fx\n",
+                  Show(py).c_str(), best1[0].cpu / py.cpu);
+      Put(j, "python_loop_tok_s", py);
+      j["default_job_vs_python"] = best1[0].cpu / py.cpu;
+      j["default_job_vs_python_wall"] = best1[0].wall / py.wall;
     } else {
       j["python_loop_tok_s"] = nullptr;
     }
+    auto e2 = MakeEngine(DefaultModel(), 128, 2);
+    auto best =
+        BestOf(R * 3, {[&] { return EngineRun(*e1, reqs); }, [&] { return EngineRun(*e2, reqs); }});
+    std::printf("default job wall tok/s: %.0f with 1 intra-op thread, %.0f with 2\n", best[0].wall,
+                best[1].wall);
+    j["default_job_wall_1thread"] = best[0].wall;
+    j["default_job_wall_2threads"] = best[1].wall;
   }
   std::printf("%s\n", j.dump().c_str());
   return 0;

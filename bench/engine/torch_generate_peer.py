@@ -5,7 +5,9 @@ The loop an RL engineer would write in Python: a Llama-style decoder (RMSNorm,
 RoPE, grouped-query attention, SwiGLU, tied head) with a torch.cat KV cache,
 batched prefill, one decode step for the whole batch, multinomial sampling and
 the behaviour log-prob of every sampled token. Same shapes as the C++ engine's
-"default job" figure. Ends with one JSON line: {"tokens_per_s": .., ...} (best of --repeats runs).
+"default job" figure. Ends with one JSON line: {"tokens_per_s": .., "cpu_tokens_per_s": .., ...}: best of
+--repeats runs, per wall-clock second and per CPU-second of the main thread (with one
+thread and OPENBLAS_NUM_THREADS=1 all the work runs there).
 
 usage: torch_generate_peer.py --layers 2 --d-model 128 --heads 4 --kv-heads 2 --ffn 384
        --vocab 32 --batch 128 --prompt-len 10 --new-tokens 8 --threads 1 --repeats 5
@@ -93,15 +95,18 @@ def main():
                 logits = forward(tok, cache, a.prompt_len + step)
         return torch.cat(out, 1), torch.cat(lps, 1)
 
-    times = []
+    times, cpu = [], []
     with torch.inference_mode():
         generate()  # warm-up
         for _ in range(a.repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             generate()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
     best = min(times)  # interference from other processes only ever adds time
-    print(json.dumps({"tokens_per_s": a.batch * a.new_tokens / best, "seconds": best,
+    tokens = a.batch * a.new_tokens
+    print(json.dumps({"tokens_per_s": tokens / best, "cpu_tokens_per_s": tokens / min(cpu),
+                      "seconds": best,
                       "torch": torch.__version__, "threads": a.threads}))
 
 

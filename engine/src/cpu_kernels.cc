@@ -13,24 +13,42 @@
 namespace troupe::engine::cpu {
 namespace {
 
-// Dot product with independent partial sums (lets the compiler vectorise).
-template <typename T>
-inline float Dot(const float* a, const T* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * static_cast<float>(b[i + j]);
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * static_cast<float>(b[i]);
-  return s;
-}
-
 void CheckRows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.dim() == 2, what,
               " must be a contiguous 2-D CPU tensor, got ", t.sizes(), " on ", t.device());
 }
 
+// Arguments of the attention phase of PackedAttention.
+template <typename scalar_t>
+struct AttendArgs {
+  const scalar_t* qkv;  // [n, (H + 2*Hkv) * hd], q already rotated
+  const scalar_t* k_cache;
+  const scalar_t* v_cache;
+  scalar_t* out;  // [n, H * hd]
+  const int64_t* positions;
+  const int64_t* slots;
+  int64_t n_heads, n_kv_heads, head_dim, max_len;
+  float scale;
+};
+
+bool HasAvx2Fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
 }  // namespace
+
+// The attention loop, compiled twice: for AVX2+FMA (picked at run time when the CPU has them)
+// and for the baseline ISA.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "attend_rows.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+namespace generic {
+#include "attend_rows.inc"
+}  // namespace generic
 
 at::Tensor RmsNormRows(const at::Tensor& x, const at::Tensor& w, double eps) {
   CheckRows(x, "RmsNormRows input");
@@ -159,47 +177,15 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
           }
         });
         // Phase 2: attention over each row's slot, positions [0, pos].
+        AttendArgs<scalar_t> args{qkv_p,   kc,         vc, op,      pos_p, slot_p,
+                                  n_heads, n_kv_heads, hd, max_len, scale};
         at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-          std::vector<float> q(static_cast<size_t>(hd));
+          std::vector<float> q(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd));
           std::vector<float> scores(static_cast<size_t>(group * longest));
-          std::vector<float> acc(static_cast<size_t>(hd));
-          for (int64_t r = begin; r < end; ++r) {
-            const int64_t len = pos_p[r] + 1, slot = slot_p[r];
-            const scalar_t* row = qkv_p + r * width;
-            for (int64_t kvh = 0; kvh < n_kv_heads; ++kvh) {
-              const scalar_t* kbase = kc + (slot * n_kv_heads + kvh) * max_len * hd;
-              const scalar_t* vbase = vc + (slot * n_kv_heads + kvh) * max_len * hd;
-              // The G query heads of a KV head share each cache row read.
-              for (int64_t g = 0; g < group; ++g) {
-                const scalar_t* qh = row + (kvh * group + g) * hd;
-                for (int64_t i = 0; i < hd; ++i)
-                  q[static_cast<size_t>(i)] = static_cast<float>(qh[i]);
-                float* sc = scores.data() + g * len;
-                for (int64_t l = 0; l < len; ++l) sc[l] = Dot(q.data(), kbase + l * hd, hd) * scale;
-              }
-              for (int64_t g = 0; g < group; ++g) {
-                float* sc = scores.data() + g * len;
-                const float mx = *std::max_element(sc, sc + len);
-                float sum = 0.f;
-                for (int64_t l = 0; l < len; ++l) {
-                  sc[l] = std::exp(sc[l] - mx);
-                  sum += sc[l];
-                }
-                const float inv = 1.0f / sum;
-                std::fill(acc.begin(), acc.end(), 0.f);
-                for (int64_t l = 0; l < len; ++l) {
-                  // Probabilities are rounded to the dtype like the module path's softmax output.
-                  const float p = static_cast<float>(static_cast<scalar_t>(sc[l] * inv));
-                  const scalar_t* vr = vbase + l * hd;
-                  for (int64_t i = 0; i < hd; ++i)
-                    acc[static_cast<size_t>(i)] += p * static_cast<float>(vr[i]);
-                }
-                scalar_t* o = op + r * q_size + (kvh * group + g) * hd;
-                for (int64_t i = 0; i < hd; ++i)
-                  o[i] = static_cast<scalar_t>(acc[static_cast<size_t>(i)]);
-              }
-            }
-          }
+          if (HasAvx2Fma())
+            avx2::AttendRows(begin, end, args, q.data(), scores.data(), acc.data());
+          else
+            generic::AttendRows(begin, end, args, q.data(), scores.data(), acc.data());
         });
       });
 }

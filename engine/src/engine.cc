@@ -10,6 +10,7 @@
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <time.h>
 
 #include "sampler.h"
 #include "troupe/core/check.h"
@@ -226,6 +227,12 @@ bool SetBlasThreads(int n) {
   if (fn == nullptr) return false;
   fn(n);
   return true;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Restores the module's train/eval mode on scope exit.
@@ -787,6 +794,8 @@ void Engine::ThreadMain() {
       stats_.prefill_tokens += L.delta.prefill_tokens;
       stats_.prefill_steps += L.delta.prefill_steps;
       stats_.decode_steps += L.delta.decode_steps;
+      stats_.step_cpu_seconds += L.delta.step_cpu_seconds;
+      stats_.step_wall_seconds += L.delta.step_wall_seconds;
       L.delta = EngineStats();
       for (auto& b : done) {
         b->finished = true;
@@ -838,6 +847,8 @@ void Engine::ThreadMain() {
           slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
         free_slot(*slot, FinishReason::kAborted, "cancelled");
       }
+    const auto wall0 = std::chrono::steady_clock::now();
+    const double cpu0 = ThreadCpuSeconds();
     try {
       EvalModeGuard eval(*model_);
       std::vector<Chunk> chunks = admit();
@@ -852,6 +863,9 @@ void Engine::ThreadMain() {
       Log().error("{}", why.message());
       abort_all(why, /*include_pending=*/false);
     }
+    L.delta.step_cpu_seconds += ThreadCpuSeconds() - cpu0;
+    L.delta.step_wall_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     {
       MutexLock l(mu_);
       step_running_ = false;

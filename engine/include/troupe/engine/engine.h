@@ -133,6 +133,10 @@ struct EngineStats {
   uint64_t prefill_steps = 0;     // batched prefills run
   uint64_t decode_steps = 0;      // decode steps run
   uint64_t weight_updates = 0;    // successful UpdateWeights
+  double step_wall_seconds = 0;   // wall time the engine thread spent in steps
+  // CPU time the engine thread spent in steps (its own thread only: with intra_op_threads 1
+  // this is the compute cost, unaffected by time the OS gave to other processes).
+  double step_cpu_seconds = 0;
 };
 
 class Engine {
