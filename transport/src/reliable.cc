@@ -41,6 +41,9 @@ Status ReliableSenderOptions::Validate() const {
 Status ReliableReceiverOptions::Validate() const {
   if (max_reorder_messages < 1) return InvalidArgument("max_reorder_messages must be >= 1");
   if (ack_batch < 1) return InvalidArgument("ack_batch must be >= 1");
+  if (ack_delay_ms < 0 || ack_delay_ms > 10000) {
+    return InvalidArgument("ack_delay_ms = {}: must be in 0..10000", ack_delay_ms);
+  }
   if (max_streams < 1) return InvalidArgument("max_streams must be >= 1");
   return Status::Ok();
 }
@@ -419,11 +422,12 @@ class ReliableSenderImpl {
     for (auto& [name, pp] : peers_) {
       Peer* p = pp.get();
       if (!p->alive || p->unacked.empty()) continue;
-      // Oldest transmission among messages not yet confirmed delivered.
+      // Oldest transmission among messages not yet confirmed delivered: the
+      // first of them, since (re)transmissions always go out in seq order
+      // (probes touch only messages below the delivered floor).
       Clock::time_point oldest = Clock::time_point::max();
-      for (auto it = p->unacked.lower_bound(p->delivered_floor); it != p->unacked.end(); ++it) {
-        oldest = std::min(oldest, it->second.last_sent);
-      }
+      auto first = p->unacked.lower_bound(p->delivered_floor);
+      if (first != p->unacked.end()) oldest = first->second.last_sent;
       if (oldest != Clock::time_point::max()) {
         const auto due = oldest + std::chrono::milliseconds(p->rto_ms);
         if (due <= now) {
@@ -603,12 +607,24 @@ class ReliableReceiverImpl {
           return d;
         }
       }
-      if (PendingCount() >= options_.ack_batch) FlushAcks(Deadline::InMs(100)).IgnoreError();
+      Clock::time_point oldest_ack;
+      const size_t pending = PendingCount(&oldest_ack);
+      if (pending >= options_.ack_batch) FlushAcks(Deadline::InMs(100)).IgnoreError();
       auto in = server_->Recv(Deadline::Now());
       if (!in.ok() && in.status().code() == Code::kTimeout) {
-        // About to block: acknowledge what is done first.
-        FlushAcks(Deadline::InMs(100)).IgnoreError();
-        in = server_->Recv(deadline);
+        if (pending > 0 && pending < options_.ack_batch) {
+          // Nothing waiting: give the burst ack_delay_ms to continue so one ack
+          // covers it, then acknowledge before blocking for long.
+          const Deadline flush_at(oldest_ack + std::chrono::milliseconds(options_.ack_delay_ms));
+          in = server_->Recv(flush_at.min(deadline));
+          if (!in.ok() && in.status().code() == Code::kTimeout) {
+            FlushAcks(Deadline::InMs(100)).IgnoreError();
+            if (deadline.expired()) return in.status();
+            continue;
+          }
+        } else {
+          in = server_->Recv(deadline);
+        }
       }
       if (!in.ok()) return in.status();
       std::optional<Delivery> passthrough = Handle(std::move(in).value());
@@ -636,7 +652,7 @@ class ReliableReceiverImpl {
         pending.rejected.emplace_back(seq, std::move(reason));
         ++stats_.rejected;
       }
-      ++pending_count_;
+      CountPendingLocked(1);
       flush_now =
           std::this_thread::get_id() != recv_thread_.load() || pending_count_ >= options_.ack_batch;
     }
@@ -740,9 +756,14 @@ class ReliableReceiverImpl {
     std::vector<std::pair<uint64_t, std::string>> rejected;
   };
 
-  size_t PendingCount() {
+  size_t PendingCount(Clock::time_point* oldest) {
     MutexLock l(mu_);
+    *oldest = oldest_pending_;
     return pending_count_;
+  }
+  void CountPendingLocked(size_t n) TROUPE_REQUIRES(mu_) {
+    if (pending_count_ == 0) oldest_pending_ = Clock::now();
+    pending_count_ += n;
   }
 
   Stream& StreamLocked(const Key& key) TROUPE_REQUIRES(mu_) {
@@ -761,7 +782,7 @@ class ReliableReceiverImpl {
   // Marks that `peer` should hear from us (a receipt) even without new acks.
   void ReceiptLocked(const std::string& peer, const Key& key) TROUPE_REQUIRES(mu_) {
     auto [it, inserted] = pending_.try_emplace({peer, key});
-    if (inserted) ++pending_count_;
+    if (inserted) CountPendingLocked(1);
   }
 
   void DrainBufferLocked(Stream& s) TROUPE_REQUIRES(mu_) {
@@ -816,7 +837,7 @@ class ReliableReceiverImpl {
       ++stats_.duplicates;
       if (seq >= s.acked_below && s.acked_above.count(seq)) {
         pending_[{d.peer, key}].seqs.push_back(seq);  // acked out of order
-        ++pending_count_;
+        CountPendingLocked(1);
       }
       return std::nullopt;
     }
@@ -847,6 +868,7 @@ class ReliableReceiverImpl {
   std::deque<Delivery> ready_ TROUPE_GUARDED_BY(mu_);
   std::map<std::pair<std::string, Key>, PendingAck> pending_ TROUPE_GUARDED_BY(mu_);
   size_t pending_count_ TROUPE_GUARDED_BY(mu_) = 0;
+  Clock::time_point oldest_pending_ TROUPE_GUARDED_BY(mu_){};
   ReliableReceiverStats stats_ TROUPE_GUARDED_BY(mu_);
 };
 

@@ -142,6 +142,11 @@ struct ReliableReceiverOptions {
   // Pending acks that force a flush even while messages keep arriving.
   // Default 64.
   size_t ack_batch = 64;
+  // Delayed acks: when no message is waiting, pending acks go out once the
+  // oldest is this old (or at ack_batch). Default 2 ms: one ack message per
+  // burst instead of one per message while streaming; 0 = flush whenever
+  // the receiver would block. Keep well below the sender's retransmit timeout.
+  int64_t ack_delay_ms = 2;
   // Streams (sender, incarnation) remembered; the least recently active is
   // forgotten beyond this. Default 4096.
   size_t max_streams = 4096;
