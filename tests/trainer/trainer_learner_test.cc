@@ -1,17 +1,20 @@
 // The learner core on the engine's real model: policy-gradient direction,
 // on-policy ratio, stale/future batches, reuse, reward validation, exact
 // accounting, supervised warm start and a toy problem GRPO must solve.
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "test_util.h"
+#include "troupe/core/deadline.h"
 #include "troupe/trainer/advantages.h"
 #include "troupe/trainer/learner.h"
 #include "troupe/trainer/loss.h"
@@ -347,6 +350,45 @@ TEST(Learner, AccountingIsExactUnderMixedTraffic) {
   EXPECT_TRUE(l->TakeFinishedBatches().empty());
   EXPECT_GT(k.trained_batches, 0u);
   EXPECT_GT(k.dropped_stale_batches, 0u);
+}
+
+TEST(Learner, OfferFromAnotherThreadWhileTraining) {
+  // A receive thread offers batches while the training thread steps; every
+  // batch is trained exactly once and the counters add up.
+  LearnerConfig c = TestConfig();
+  c.max_policy_lag = 1000;
+  auto l = MakeLearner(c);
+  constexpr int kBatches = 24;
+  std::vector<TrainBatch> batches;
+  for (int i = 0; i < kBatches; ++i) {
+    batches.push_back(OnPolicyBatch(l->policy(), "t" + std::to_string(i), 0, 2,
+                                    {{kPrompt, kRespA, 1.0f}, {kPrompt, kRespB, 0.0f}}));
+  }
+  std::atomic<int> offered{0};
+  std::thread producer([&] {
+    for (auto& b : batches) {
+      EXPECT_TRUE(l->Offer(std::move(b)).ok());
+      offered.fetch_add(1);
+    }
+  });
+  int steps = 0;
+  const Deadline deadline = Deadline::InMs(60000);
+  while (l->counters().trained_batches < kBatches && !deadline.expired()) {
+    auto m = l->Step();
+    if (m.ok()) {
+      ++steps;
+    } else {
+      EXPECT_EQ(m.status().code(), Code::kUnavailable);
+      std::this_thread::yield();
+    }
+  }
+  producer.join();
+  LearnerCounters k = l->counters();
+  EXPECT_EQ(k.trained_batches, static_cast<uint64_t>(kBatches));
+  EXPECT_EQ(k.accepted_batches, static_cast<uint64_t>(kBatches));
+  EXPECT_EQ(k.queued_batches, 0u);
+  EXPECT_EQ(steps, kBatches);
+  EXPECT_EQ(l->version(), static_cast<uint64_t>(kBatches));
 }
 
 TEST(Learner, SupervisedWarmStartLearnsDemonstrations) {

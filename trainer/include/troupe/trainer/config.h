@@ -73,8 +73,12 @@ struct LearnerConfig {
   double temperature = 1.0;
 
   // ---- optimizer and schedule (AdamW, linear warmup then cosine decay)
-  // Peak learning rate. Default 1e-3 (right for the tiny default model; 1e-6..1e-5 for LLMs).
-  double lr = 1e-3;
+  // Peak RL learning rate. Default 1e-4. Measured on the default job (reverse task,
+  // default model, after a supervised warm start): 1e-4 and 5e-5 climb from 0.90 to
+  // 0.98+ held-out exact match in 100 updates, 1e-3 wipes the warm start out within
+  // 60 updates (Adam moves every weight by ~lr per update whatever the gradient's
+  // noise). LLMs want 1e-6..1e-5.
+  double lr = 1e-4;
   // Optimizer updates of linear warmup from 0 to lr. Default 10.
   int64_t warmup_steps = 10;
   // Updates after which the cosine decay reaches min_lr_ratio * lr (and stays). Default 1000.
@@ -110,7 +114,8 @@ struct LearnerConfig {
   int64_t max_sequence_tokens = 0;
 
   // ---- supervised warm start
-  // Learning rate of SupervisedStep (constant, no schedule). Default 1e-3.
+  // Learning rate of SupervisedStep (constant, no schedule). Default 1e-3 (cross-entropy
+  // gradients are consistent; the default model warm-starts well at 1e-3).
   double supervised_lr = 1e-3;
 
   // ---- process
