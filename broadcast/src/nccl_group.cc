@@ -114,7 +114,8 @@ Status NcclGroup::Transfer(uint8_t* flat, const Layout& layout, Deadline deadlin
                            const std::function<bool()>& should_abort) {
   Impl& g = *impl_;
   if (g.broken || g.comm == nullptr) return Unavailable("nccl communicator was aborted");
-  if (g.size == 1 || layout.total_bytes == 0) return Status::Ok();
+  if (layout.total_bytes == 0) return Status::Ok();
+  // A single-rank communicator still runs the whole path (staging copy + ncclBroadcast).
   TROUPE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(g.device), "cudaSetDevice"));
   if (g.device_bytes < layout.total_bytes) {
     if (g.device_buffer != nullptr) cudaFree(g.device_buffer);

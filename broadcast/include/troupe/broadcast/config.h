@@ -102,8 +102,9 @@ struct BroadcastConfig {
   // learner's pid and a counter are appended; stale segments of dead learners are removed.
   std::string shm_prefix = "/troupe-w";
   // ZeroMQ send/receive high-water mark in chunks per data socket: bounds the memory a slow
-  // hop can pin (hwm x chunk_bytes). 8.
-  int zmq_hwm_chunks = 8;
+  // hop can pin (hwm x chunk_bytes); deeper queues ride out scheduling hiccups along a
+  // chain. 16.
+  int zmq_hwm_chunks = 16;
   // Node name compared with receivers' for shm locality; empty = this host's name.
   std::string node;
   // Name of the learner in logs and on the wire. "learner".
@@ -136,8 +137,8 @@ struct ReceiverConfig {
   bool shm_zero_copy = true;
   // Verify bucket checksums when the learner sends them. Default on.
   bool verify_checksums = true;
-  // ZeroMQ high-water mark in chunks for the data sockets. 8.
-  int zmq_hwm_chunks = 8;
+  // ZeroMQ high-water mark in chunks for the data sockets (see BroadcastConfig). 16.
+  int zmq_hwm_chunks = 16;
   // Node name sent to the learner for shm locality; empty = this host's name.
   std::string node;
   // Largest weight stream accepted: bounds the memory a (faulty) peer can make us allocate.

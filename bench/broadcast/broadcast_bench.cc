@@ -1,0 +1,403 @@
+// Weight-broadcast benchmark: the time for WeightSender::Broadcast to put 10,
+// 100 and 400 MB of weights (~200 float32 tensors) into K = 1, 2, 4 receiver
+// processes and have every one acknowledge it, for each runnable backend, with
+// one memcpy of the same bytes measured in the same run as the limit.
+//
+//   backends  gloo_chain, gloo_broadcast (ProcessGroupGloo::broadcast per bucket),
+//             zmq_chain, zmq_star (the learner sends K copies), shm_view (the sink
+//             gets views over the shared segment and keeps nothing: the cost of the
+//             broadcast itself), shm_copy (the sink copies the views into tensors it
+//             owns, as Engine::UpdateWeights copies into its parameters), nccl (GPU
+//             machines only: learner on GPU 0, receiver i on GPU i+1; scripts/gpu-check.sh)
+//   targets   shm: time <= 2x memcpy whatever K is (same host);
+//             chain paths across hosts: time(K=4) <= 1.5x time(K=1) at 100 MB. For
+//             those, run bench/broadcast/netns-bench.sh: it starts this binary with
+//             --netns in network namespaces whose links are rate-limited with tc and
+//             reports the bytes that really left the learner's interface per
+//             broadcast, in payloads ("link copies").
+//
+// usage: broadcast_bench [--sizes 10,100,400] [--receivers 1,2,4] [--repeats 3]
+//                        [--backends gloo_chain,...] [--netns --learner-host A
+//                         --receiver-hosts B,C,.. --receiver-netns n1,n2,.. --link-iface IF]
+//                        [--chunk-kb 1024] [--bucket-mb 32] [--warmups 2] [--hwm 16]
+// Receivers are this binary re-executed with --receiver. Ends with one JSON line.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "child_process.h"
+#include "troupe/broadcast/receiver.h"
+#include "troupe/broadcast/sender.h"
+#include "troupe/core/log.h"
+#include "troupe/transport/allocator.h"
+
+namespace troupe::broadcast {
+namespace {
+
+using troupe::testing::ChildProcess;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+struct Options {
+  std::vector<int> sizes_mb{10, 100, 400};
+  std::vector<int> receivers{1, 2, 4};
+  int repeats = 3;
+  std::vector<std::string> backends{"gloo_chain", "gloo_broadcast", "zmq_chain",
+                                    "zmq_star",   "shm_view",       "shm_copy"};
+  bool netns = false;
+  std::string learner_host = "127.0.0.1";
+  std::vector<std::string> receiver_hosts;
+  std::vector<std::string> receiver_netns;
+  std::string link_iface;
+  uint64_t chunk_bytes = BroadcastConfig().chunk_bytes;
+  uint64_t bucket_bytes = BroadcastConfig().bucket_bytes;
+  int warmups = 2;  // untimed rounds first: every buffer (both shm slots) touched once
+  int hwm = BroadcastConfig().zmq_hwm_chunks;
+};
+
+// ----------------------------------------------------------------- receiver process
+
+int RunReceiver(int argc, char** argv) {
+  std::map<std::string, std::string> a;
+  for (int i = 2; i < argc; ++i) {
+    std::string s = argv[i];
+    auto eq = s.find('=');
+    if (eq != std::string::npos) a[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  log::Options lo;
+  lo.level = spdlog::level::warn;
+  log::Init(a["id"], lo);
+  ReceiverConfig rc;
+  rc.actor_id = a["id"];
+  rc.learner_endpoint = a["endpoint"];
+  rc.data_endpoint = "tcp://" + a["host"] + ":0";
+  rc.gloo_hostname = a["host"];
+  rc.learner_timeout_ms = 120000;
+  const bool copy = a["mode"] == "copy";
+  if (!a["hwm"].empty()) rc.zmq_hwm_chunks = std::stoi(a["hwm"]);
+  if (!a["device"].empty()) rc.nccl_device = std::stoi(a["device"]);
+  std::map<std::string, at::Tensor> params;  // "engine parameters" for copy mode
+  auto sink = [&](const ReceivedWeights& w) {
+    if (!copy) return Status::Ok();
+    for (const auto& [name, t] : w.named) {
+      auto it = params.find(name);
+      if (it == params.end() || !it->second.sizes().equals(t.sizes()))
+        it = params.insert_or_assign(name, at::empty_like(t)).first;
+      it->second.copy_(t);
+    }
+    return Status::Ok();
+  };
+  auto r = WeightReceiver::Create(rc, sink);
+  if (!r.ok()) {
+    std::printf("ERROR %s\n", r.status().ToString().c_str());
+    return 2;
+  }
+  std::printf("READY %s\n", (*r)->data_endpoint().c_str());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
+// ----------------------------------------------------------------- learner side
+
+NamedTensors MakeWeights(int mb) {
+  const int64_t total = static_cast<int64_t>(mb) * 1000 * 1000 / 4;  // float32 elements
+  const int n = 200;
+  NamedTensors w;
+  for (int i = 0; i < n; ++i) {
+    int64_t numel = total / n + (i < total % n ? 1 : 0);
+    w.emplace_back(fmt::format("model.layers.{}.weight", i), at::rand({numel}));
+  }
+  return w;
+}
+
+double MemcpySeconds(int mb, int repeats) {
+  size_t bytes = static_cast<size_t>(mb) * 1000 * 1000;
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);  // touched before timing
+  double best = 1e9;
+  for (int i = 0; i < std::max(repeats, 3); ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    best = std::min(best, Seconds(t0, Clock::now()));
+    src[i % bytes] = static_cast<uint8_t>(i);
+  }
+  return best;
+}
+
+uint64_t LinkTxBytes(const std::string& iface) {
+  if (iface.empty()) return 0;
+  std::ifstream in("/sys/class/net/" + iface + "/statistics/tx_bytes");
+  uint64_t v = 0;
+  in >> v;
+  return v;
+}
+
+struct Spec {
+  Backend backend;
+  GlooAlgorithm gloo = GlooAlgorithm::kChain;
+  ZmqTopology zmq = ZmqTopology::kChain;
+  bool copy = false;
+};
+
+Spec ParseSpec(const std::string& name) {
+  if (name == "gloo_chain") return {Backend::kGloo, GlooAlgorithm::kChain};
+  if (name == "gloo_broadcast") return {Backend::kGloo, GlooAlgorithm::kBroadcast};
+  if (name == "zmq_chain") return {Backend::kZmq, {}, ZmqTopology::kChain};
+  if (name == "zmq_star") return {Backend::kZmq, {}, ZmqTopology::kStar};
+  if (name == "shm_view") return {Backend::kShm};
+  if (name == "shm_copy") return {Backend::kShm, {}, {}, true};
+  if (name == "nccl") return {Backend::kNccl};
+  std::fprintf(stderr, "unknown backend %s\n", name.c_str());
+  std::exit(2);
+}
+
+struct Row {
+  std::string backend;
+  int mb = 0;
+  int k = 0;
+  double median = 0;
+  double best = 0;
+  double copies = 0;  // bytes that left the learner's interface / payload (netns only)
+  double pack = 0;    // median packing time (part of median)
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int RunLearner(const Options& o, const std::string& self) {
+  log::Options lo;
+  lo.level = spdlog::level::warn;
+  log::Init("bench", lo);
+  std::map<int, NamedTensors> weights;
+  std::map<int, double> memcpy_s;
+  for (int mb : o.sizes_mb) {
+    weights[mb] = MakeWeights(mb);
+    memcpy_s[mb] = MemcpySeconds(mb, o.repeats);
+    std::printf("memcpy %4d MB: %.4f s (%.2f GB/s)\n", mb, memcpy_s[mb], mb / 1e3 / memcpy_s[mb]);
+  }
+  std::vector<Row> rows;
+  for (const std::string& name : o.backends) {
+    Spec spec = ParseSpec(name);
+    if (o.netns && spec.backend == Backend::kShm) continue;  // shm is same-host only
+    for (int k : o.receivers) {
+      BroadcastConfig cfg;
+      cfg.backend = spec.backend;
+      cfg.gloo_algorithm = spec.gloo;
+      cfg.zmq_topology = spec.zmq;
+      cfg.control_endpoint = "tcp://" + o.learner_host + ":0";
+      cfg.store_host = o.learner_host;
+      cfg.gloo_hostname = o.learner_host;
+      cfg.timeout_ms = 60000;
+      cfg.chunk_bytes = o.chunk_bytes;
+      cfg.zmq_hwm_chunks = o.hwm;
+      cfg.bucket_bytes = o.bucket_bytes;
+      cfg.member_timeout_ms = 120000;
+      cfg.shm_prefix = fmt::format("/troupe-bench-{}", ::getpid());
+      auto sender = WeightSender::Create(cfg);
+      if (!sender.ok()) {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(), sender.status().ToString().c_str());
+        return 1;
+      }
+      std::vector<std::unique_ptr<ChildProcess>> children;
+      for (int i = 0; i < k; ++i) {
+        std::string host =
+            o.receiver_hosts.empty() ? "127.0.0.1" : o.receiver_hosts[i % o.receiver_hosts.size()];
+        std::vector<std::string> prefix;
+        if (!o.receiver_netns.empty())
+          prefix = {"ip", "netns", "exec", o.receiver_netns[i % o.receiver_netns.size()]};
+        auto c = ChildProcess::Start(
+            self,
+            {"--receiver", fmt::format("id=rollout-{}", i), "endpoint=" + (*sender)->endpoint(),
+             "host=" + host, spec.copy ? "mode=copy" : "mode=view", fmt::format("hwm={}", o.hwm),
+             fmt::format("device={}", i + 1)},  // nccl: one GPU per rank, learner on GPU 0
+            prefix);
+        if (!c.ok()) {
+          std::fprintf(stderr, "spawn: %s\n", c.status().ToString().c_str());
+          return 1;
+        }
+        children.push_back(std::move(c).value());
+      }
+      for (auto& c : children) {
+        auto ready = c->WaitFor("READY", Deadline::InMs(120000));
+        if (!ready.ok()) {
+          std::fprintf(stderr, "receiver: %s\n", ready.status().ToString().c_str());
+          return 1;
+        }
+      }
+      Status st = (*sender)->WaitForMembers(k, Deadline::InMs(120000));
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s K=%d: %s\n", name.c_str(), k, st.ToString().c_str());
+        return 1;
+      }
+      uint64_t version = 0;
+      for (int mb : o.sizes_mb) {
+        std::vector<double> times, copies, packs;
+        for (int r = -o.warmups; r < o.repeats; ++r) {  // r < 0: warm-up
+          uint64_t tx0 = LinkTxBytes(o.link_iface);
+          auto t0 = Clock::now();
+          st = (*sender)->Broadcast(++version, weights[mb], Deadline::InMs(600000));
+          double secs = Seconds(t0, Clock::now());
+          uint64_t tx1 = LinkTxBytes(o.link_iface);
+          if (!st.ok()) {
+            std::fprintf(stderr, "%s K=%d %d MB: %s\n", name.c_str(), k, mb, st.ToString().c_str());
+            return 1;
+          }
+          if (r < 0) continue;
+          times.push_back(secs);
+          packs.push_back((*sender)->last_report().pack_seconds);
+          copies.push_back(static_cast<double>(tx1 - tx0) / (mb * 1e6));
+        }
+        Row row{name,
+                mb,
+                k,
+                Median(times),
+                *std::min_element(times.begin(), times.end()),
+                Median(copies),
+                Median(packs)};
+        rows.push_back(row);
+        std::printf(
+            "%-15s %4d MB  K=%d  median %.4f s (pack %.4f)  best %.4f s  %.2f GB/s  %5.2fx "
+            "memcpy%s\n",
+            name.c_str(), mb, k, row.median, row.pack, row.best, mb / 1e3 / row.median,
+            row.median / memcpy_s[mb],
+            o.link_iface.empty() ? "" : fmt::format("  link copies {:.2f}", row.copies).c_str());
+        std::fflush(stdout);
+      }
+      for (auto& c : children) c->Finish(Deadline::InMs(30000));
+    }
+  }
+  // Ratios.
+  auto find = [&](const std::string& b, int mb, int k) -> const Row* {
+    for (const Row& r : rows)
+      if (r.backend == b && r.mb == mb && r.k == k) return &r;
+    return nullptr;
+  };
+  nlohmann::json j;
+  j["bench"] = "broadcast";
+  j["mode"] = o.netns ? "netns" : "host";
+  for (int mb : o.sizes_mb) j["memcpy_s"][std::to_string(mb) + "MB"] = memcpy_s[mb];
+  nlohmann::json results = nlohmann::json::array();
+  for (const Row& r : rows) {
+    nlohmann::json x{{"backend", r.backend},
+                     {"mb", r.mb},
+                     {"k", r.k},
+                     {"median_s", r.median},
+                     {"best_s", r.best},
+                     {"pack_s", r.pack},
+                     {"vs_memcpy", r.median / memcpy_s[r.mb]}};
+    if (!o.link_iface.empty()) x["link_copies"] = r.copies;
+    results.push_back(x);
+  }
+  j["results"] = results;
+  std::printf("\nscaling time(K=4)/time(K=1) (target <= 1.5 across hosts at 100 MB):\n");
+  for (const std::string& b : o.backends)
+    for (int mb : o.sizes_mb) {
+      const Row* k1 = find(b, mb, 1);
+      const Row* k4 = find(b, mb, 4);
+      if (!k1 || !k4) continue;
+      double ratio = k4->median / k1->median;
+      j["ratios"][fmt::format("{}_{}MB_K4_over_K1", b, mb)] = ratio;
+      std::printf("  %-15s %4d MB: %.2f\n", b.c_str(), mb, ratio);
+    }
+  if (!o.netns) {
+    std::printf("shm vs one memcpy (target <= 2 whatever K):\n");
+    for (const char* b : {"shm_view", "shm_copy"})
+      for (int mb : o.sizes_mb)
+        for (int k : o.receivers)
+          if (const Row* r = find(b, mb, k)) {
+            double ratio = r->median / memcpy_s[mb];
+            j["ratios"][fmt::format("{}_{}MB_K{}_over_memcpy", b, mb, k)] = ratio;
+            std::printf("  %-9s %4d MB K=%d: %.2f\n", b, mb, k, ratio);
+          }
+  }
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+std::vector<int> Ints(const std::string& s) {
+  std::vector<int> out;
+  for (const auto& x : Split(s)) out.push_back(std::stoi(x));
+  return out;
+}
+
+}  // namespace
+}  // namespace troupe::broadcast
+
+int main(int argc, char** argv) {
+  using namespace troupe::broadcast;
+  // Like the actor host: ZeroMQ's large frames reuse warm heap memory instead of fresh pages.
+  troupe::transport::ApplyAllocatorPolicy();
+  if (argc > 1 && std::string(argv[1]) == "--receiver") return RunReceiver(argc, argv);
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--sizes")
+      o.sizes_mb = Ints(next());
+    else if (a == "--receivers")
+      o.receivers = Ints(next());
+    else if (a == "--repeats")
+      o.repeats = std::stoi(next());
+    else if (a == "--backends")
+      o.backends = Split(next());
+    else if (a == "--netns")
+      o.netns = true;
+    else if (a == "--learner-host")
+      o.learner_host = next();
+    else if (a == "--receiver-hosts")
+      o.receiver_hosts = Split(next());
+    else if (a == "--receiver-netns")
+      o.receiver_netns = Split(next());
+    else if (a == "--link-iface")
+      o.link_iface = next();
+    else if (a == "--chunk-kb")
+      o.chunk_bytes = std::stoull(next()) << 10;
+    else if (a == "--bucket-mb")
+      o.bucket_bytes = std::stoull(next()) << 20;
+    else if (a == "--warmups")
+      o.warmups = std::stoi(next());
+    else if (a == "--hwm")
+      o.hwm = std::stoi(next());
+    else {
+      std::fprintf(stderr, "unknown argument %s (see the file comment)\n", a.c_str());
+      return 2;
+    }
+  }
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  std::string self = n > 0 ? std::string(buf, static_cast<size_t>(n)) : argv[0];
+  return RunLearner(o, self);
+}
