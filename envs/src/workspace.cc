@@ -109,7 +109,8 @@ Result<std::unique_ptr<Workspace>> Workspace::Create(const WorkspaceConfig& conf
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data()))
-    return IoError("cannot create a workspace under '{}': {}", config.root, std::strerror(errno));
+    return IoError("cannot create a workspace under '{}' (workspace.root): {}", config.root,
+                   std::strerror(errno));
   std::string path(buf.data());
   int fd = ::open(path.c_str(), kDirFlags);
   if (fd < 0) {

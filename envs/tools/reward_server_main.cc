@@ -15,6 +15,12 @@
 // Verification is pure (response vs reference/metadata), so the server needs
 // only the task kinds, not the prompts: e.g. --task reverse --task add::partial.
 #include <signal.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +132,16 @@ int main(int argc, char** argv) {
   // for as long as it stays open, so kept-alive connections from a client with
   // more parallel requests than --threads would starve the rest.
   server.set_keep_alive_max_count(1);
+  // Remember the listening socket (created by bind below) to raise its accept
+  // backlog: the library listens with a backlog of 5, and a burst of parallel
+  // connections beyond it waits for a 1 s SYN retransmit.
+  std::atomic<int> listen_fd{-1};
+  server.set_socket_options([&listen_fd](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    int expected = -1;
+    listen_fd.compare_exchange_strong(expected, sock);
+  });
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"ok\": true}", "application/json");
   });
@@ -163,18 +179,35 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "troupe-reward-server: cannot listen on %s:%d\n", host.c_str(), port);
     return 1;
   }
+  if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
+    std::fprintf(stderr, "troupe-reward-server: could not raise the listen backlog\n");
   std::printf("PORT %d\n", bound);
   std::fflush(stdout);
   troupe::log::Get("envs").info("reward server on {}:{} with {} task(s)", host, bound, reg->size());
 
-  std::thread stopper([&server, stop_signals] {
+  // The stopper waits for SIGTERM/SIGINT, then stops the server. stop() is a
+  // no-op until listen_after_bind() is running, so it repeats until listen
+  // has returned (a signal may arrive before listening starts).
+  std::mutex mu;
+  std::condition_variable cv;
+  bool listen_returned = false;
+  std::thread stopper([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    server.stop();
+    std::unique_lock<std::mutex> lock(mu);
+    while (!listen_returned) {
+      server.stop();
+      cv.wait_for(lock, std::chrono::milliseconds(10));
+    }
   });
   bool ok = server.listen_after_bind();
-  // listen returned (stop or error): wake the stopper if it still waits.
-  kill(getpid(), SIGTERM);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    listen_returned = true;
+  }
+  cv.notify_all();
+  kill(getpid(),
+       SIGTERM);  // wakes the stopper if no signal came (stays blocked, discarded at exit)
   stopper.join();
   troupe::log::Flush();
   return ok ? 0 : 1;

@@ -18,8 +18,11 @@ namespace troupe::envs {
 
 // Per-episode scratch directory of the file tools (read, write, edit, list, submit).
 struct WorkspaceConfig {
-  // Directory under which each episode gets its own fresh temp dir. Default "/tmp".
-  std::string root = "/tmp";
+  // Directory under which each episode gets its own fresh temp dir. Default
+  // "/dev/shm" (tmpfs): creating, filling and removing a workspace there took
+  // ~0.15 ms vs ~4 ms on the ext4 /tmp of the dev machine under load. Use
+  // "/tmp" where /dev/shm is missing or small (e.g. Docker's 64 MiB default).
+  std::string root = "/dev/shm";
   // Largest file the tools write or read whole (bytes). Default 64 KiB.
   int64_t max_file_bytes = 64 * 1024;
   // Bytes all files of one workspace may hold together. Default 1 MiB.

@@ -42,7 +42,8 @@ class Workspace {
     int64_t bytes = 0;  // bytes in regular files
   };
 
-  // Makes a fresh directory "<root>/troupe-ws-XXXXXX" (mode 0700).
+  // Makes a fresh directory "<root>/troupe-ws-XXXXXX" (mode 0700). kIo when
+  // the root is missing or not writable (the message names it).
   static Result<std::unique_ptr<Workspace>> Create(const WorkspaceConfig& config);
   ~Workspace();
   Workspace(const Workspace&) = delete;
