@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "troupe/envs/wordle.h"
+
 namespace troupe::envs {
 namespace {
 
@@ -102,6 +104,14 @@ Status TaskConfig::Validate() const {
   if (!s.ok()) return ctx(s);
   if (word_length != 4 && word_length != 5)
     return InvalidArgument("task '{}': word_length = {} must be 4 or 5", name, word_length);
+  if (k == "wordle") {
+    auto words = static_cast<int64_t>(WordleWords(static_cast<int>(word_length)).size());
+    if (eval_size > words / 2)
+      return InvalidArgument(
+          "task '{}': eval_size = {} is more than half of the {} {}-letter wordle "
+          "words; use eval_size <= {}",
+          name, eval_size, words, word_length, words / 2);
+  }
   if (k == "jsonl" && path.empty())
     return InvalidArgument("task '{}': kind jsonl needs `path` (a JSONL file)", name);
   if (k != "jsonl" && !path.empty())

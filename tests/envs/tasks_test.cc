@@ -275,7 +275,9 @@ TEST(TaskConfig, EvalSizeBeyondTheProblemSpaceIsRejected) {
   for (uint64_t i = 0; i < 400; ++i) train.insert((*ok)->GetPrompt(Split::kTrain, i).reference);
   EXPECT_EQ(train.size(), 13u) << "the 13 words not held out";
   c = Config("wordle");
-  c.eval_size = 200;  // more than half of the 4-letter list
+  c.eval_size = 200;  // more than half of the 4-letter list: caught by Validate already
+  EXPECT_NE(c.Validate().message().find("use eval_size <= 181"), std::string::npos)
+      << c.Validate().message();
   EXPECT_FALSE(MakeTask(c).ok());
 }
 
