@@ -11,6 +11,7 @@ namespace troupe::actors {
 
 struct RoleArgs {
   std::string role, id, head, run_dir, config;
+  std::string bind_host;  // address to bind and advertise (empty: from the config, else 127.0.0.1)
 };
 
 // What the role needs before the runtime starts (parsed config, timings).

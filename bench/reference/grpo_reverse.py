@@ -176,6 +176,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--max-seconds", type=float, default=300)
     ap.add_argument("--target", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--adv", choices=["grpo", "dr_grpo"], default="grpo")
     a = ap.parse_args()
     torch.manual_seed(a.seed); rng = random.Random(a.seed)
     held = make_prompts(random.Random(12345), 200)
@@ -200,17 +202,20 @@ def main():
         ps = make_prompts(rng, a.prompts, exclude=held)
         pids = [prompt_ids(p) for p in ps for _ in range(a.samples)]
         tg = time.time()
-        out, blp = generate(model, pids, gen=gen)
+        out, blp = generate(model, pids, temperature=a.temperature, gen=gen)
         gen_t += time.time() - tg
         rs = response_lists(out)
         gen_tok += sum(len(r) for r in rs)
         rewards = torch.tensor([1.0 if r == enc(ps[i // a.samples][::-1]) + [EOS] else 0.0 for i, r in enumerate(rs)])
         rg = rewards.view(a.prompts, a.samples)
-        adv = ((rg - rg.mean(1, keepdim=True)) / (rg.std(1, keepdim=True) + 1e-6)).view(-1)
+        adv = rg - rg.mean(1, keepdim=True)
+        if a.adv == "grpo":
+            adv = adv / (rg.std(1, keepdim=True) + 1e-6)
+        adv = adv.view(-1)
         tt = time.time()
         ids, mask = pack(pids, rs)
         logits = model(ids)[:, :-1]
-        logp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None]).squeeze(2)
+        logp = torch.log_softmax(logits / a.temperature, -1).gather(2, ids[:, 1:, None]).squeeze(2)
         # On-policy PPO-clip objective (ratio == 1 at the first and only update), token-level mean.
         ratio = torch.exp(logp - logp.detach())
         obj = torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.28) * adv[:, None])

@@ -139,7 +139,7 @@ static std::string Throughput(const ActorStatus& a) {
   return "-";
 }
 
-std::string FormatStatusTable(const ControlResult& r) {
+std::string FormatStatusTable(const ControlResult& r, bool with_stats) {
   std::string out = r.message + "\n";
   auto p = r.progress;
   if (p.count("step")) {
@@ -156,6 +156,18 @@ std::string FormatStatusTable(const ControlResult& r) {
     out += fmt::format("{:<12} {:<8} {:<14} {:>7} {:<9} {:>7} {:>16} {:>8} {:>9}\n", a.id, a.role,
                        a.node.substr(0, 14), a.pid, a.state, a.policy_version, Throughput(a),
                        a.restarts, hb);
+    if (with_stats && !a.stats.empty()) {
+      std::string line = "    ";
+      for (const auto& [k, v] : a.stats) {
+        std::string item = fmt::format("{}={:g}  ", k, v);
+        if (line.size() + item.size() > 110) {
+          out += line + "\n";
+          line = "    ";
+        }
+        line += item;
+      }
+      out += line + "\n";
+    }
   }
   return out;
 }

@@ -1,24 +1,409 @@
 #include "troupe/launcher/job_config.h"
 
+#include <functional>
 #include <sstream>
 
-namespace troupe::launcher {
+#include "troupe/envs/renderer.h"
 
-void Describe(config::Binder& b, JobConfig& c) {
+// Describe() for the components' config structs. They live in the
+// components' namespaces so Binder finds them by argument-dependent lookup;
+// the structs themselves know nothing about YAML.
+namespace troupe::engine {
+void Describe(config::Binder& b, ModelConfig& c);
+}
+namespace troupe::trainer {
+void Describe(config::Binder& b, LearnerConfig& c);
+}
+namespace troupe::envs {
+void Describe(config::Binder& b, TaskConfig& c);
+void Describe(config::Binder& b, WorkspaceConfig& c);
+void Describe(config::Binder& b, EpisodeConfig& c);
+void Describe(config::Binder& b, RewardServiceConfig& c);
+void Describe(config::Binder& b, RewardClientConfig& c);
+}  // namespace troupe::envs
+namespace troupe::broadcast {
+void Describe(config::Binder& b, BroadcastConfig& c);
+}
+
+namespace troupe {
+namespace {
+
+using config::Binder;
+
+// An enum bound as its name: read parses, write/doc render.
+template <typename E>
+void EnumField(Binder& b, const char* key, E* value, const char* doc,
+               std::function<std::string(E)> name,
+               std::function<Result<E>(std::string_view)> parse) {
+  std::string text = name(*value);
+  b.Field(key, &text, doc);
+  if (b.mode() == Binder::Mode::kRead) {
+    auto r = parse(text);
+    if (r.ok())
+      *value = *r;
+    else
+      b.Error(key, r.status().message());
+  }
+}
+
+// Runs a component's Validate() and files its message under `key`.
+void Check(Binder& b, const char* key, const Status& s) {
+  if (b.mode() == Binder::Mode::kRead && !s.ok()) b.Error(key, s.message());
+}
+
+}  // namespace
+
+namespace engine {
+void Describe(config::Binder& b, ModelConfig& c) {
+  b.Field("vocab_size", &c.vocab_size,
+          "token ids covered by embedding and head (0: the tokenizer's size)");
+  b.Field("d_model", &c.d_model, "residual stream width (hidden_size)");
+  b.Field("n_layers", &c.n_layers, "decoder layers");
+  b.Field("n_heads", &c.n_heads, "query heads");
+  b.Field("n_kv_heads", &c.n_kv_heads,
+          "key/value heads (grouped-query attention; divides n_heads)");
+  b.Field("head_dim", &c.head_dim, "per-head width (0: d_model / n_heads)");
+  b.Field("ffn_dim", &c.ffn_dim, "SwiGLU hidden width (intermediate_size)");
+  b.Field("max_seq_len", &c.max_seq_len,
+          "longest prompt + response the model serves (RoPE table, KV cache)");
+  b.Field("rope_theta", &c.rope_theta, "RoPE base frequency");
+  b.Field("rms_norm_eps", &c.rms_norm_eps, "RMSNorm epsilon");
+  b.Field("tie_word_embeddings", &c.tie_word_embeddings, "output head shares the embedding matrix");
+  b.Field("attention_bias", &c.attention_bias, "q/k/v projections carry biases (Qwen2 style)");
+  EnumField<DType>(
+      b, "dtype", &c.dtype, "parameter and KV-cache dtype: float32 | bfloat16 | float16",
+      [](DType d) { return std::string(DTypeName(d)); }, ParseDType);
+}
+}  // namespace engine
+
+namespace trainer {
+void Describe(config::Binder& b, LearnerConfig& c) {
+  EnumField<AdvantageEstimator>(
+      b, "advantage", &c.advantage, "advantage estimator: grpo | dr_grpo | rloo",
+      [](AdvantageEstimator e) { return std::string(Name(e)); }, ParseAdvantageEstimator);
+  b.Field("advantage_eps", &c.advantage_eps, "added to the group std before dividing (grpo)");
+  b.Field("skip_uniform_groups", &c.skip_uniform_groups,
+          "skip groups whose rewards are all equal (no gradient)");
+  b.Field("clip_low", &c.clip_low, "PPO ratio clipped at 1 - clip_low");
+  b.Field("clip_high", &c.clip_high, "PPO ratio clipped at 1 + clip_high (clip-higher)");
+  b.Field("is_cap", &c.is_cap,
+          "cap of the behaviour importance weight (truncated IS for stale batches)");
+  EnumField<LossAggregation>(
+      b, "aggregation", &c.aggregation, "loss aggregation: token_mean | sequence_mean",
+      [](LossAggregation a) { return std::string(Name(a)); }, ParseLossAggregation);
+  b.Field("kl_coef", &c.kl_coef, "k3 KL penalty to the reference policy (0: off)");
+  b.Field("entropy_coef", &c.entropy_coef, "entropy bonus coefficient (0: off)");
+  b.Field("temperature", &c.temperature,
+          "temperature of the learner's log-probs (set from sampling.temperature)");
+  b.Field("lr", &c.lr, "peak learning rate (AdamW)");
+  b.Field("warmup_steps", &c.warmup_steps, "linear warmup updates");
+  b.Field("total_steps", &c.total_steps,
+          "updates until the cosine decay reaches min_lr_ratio * lr");
+  b.Field("min_lr_ratio", &c.min_lr_ratio, "floor of the cosine decay as a fraction of lr");
+  b.Field("weight_decay", &c.weight_decay, "AdamW weight decay");
+  b.Field("adam_beta1", &c.adam_beta1, "AdamW beta1");
+  b.Field("adam_beta2", &c.adam_beta2, "AdamW beta2");
+  b.Field("adam_eps", &c.adam_eps, "AdamW epsilon");
+  b.Field("grad_clip", &c.grad_clip, "global gradient-norm clip (0: off)");
+  b.Field("micro_batch_tokens", &c.micro_batch_tokens,
+          "padded tokens per forward/backward micro-batch");
+  b.Field("updates_per_batch", &c.updates_per_batch, "optimizer updates per batch (PPO epochs)");
+  b.Field("max_policy_lag", &c.max_policy_lag,
+          "largest learner_version - batch_version accepted (unset: updates_per_batch - 1)");
+  b.Field("max_sequence_tokens", &c.max_sequence_tokens,
+          "longest prompt + response accepted (0: model limit)");
+  b.Field("supervised_lr", &c.supervised_lr, "learning rate of the supervised warm start");
+  b.Field("tune_allocator", &c.tune_allocator,
+          "keep freed memory in the process (glibc malloc tuning)");
+  b.Field("keep_checkpoints", &c.keep_checkpoints, "checkpoints kept");
+}
+}  // namespace trainer
+
+namespace envs {
+void Describe(config::Binder& b, WorkspaceConfig& c) {
+  b.Field("root", &c.root, "directory under which each episode gets its own scratch dir");
+  b.Field("max_file_bytes", &c.max_file_bytes, "largest file the tools read or write whole");
+  b.Field("max_total_bytes", &c.max_total_bytes, "bytes all files of one workspace may hold");
+  b.Field("max_files", &c.max_files, "files and directories one workspace may hold");
+  b.Field("max_path_chars", &c.max_path_chars, "longest relative path a tool accepts");
+  b.Field("max_depth", &c.max_depth, "deepest directory nesting a path may have");
+  b.Field("max_list_entries", &c.max_list_entries, "entries `list` shows before cutting");
+}
+void Describe(config::Binder& b, TaskConfig& c) {
+  b.Field("name", &c.name, "task name samples carry and verifiers are looked up by");
+  b.Field("kind", &c.kind,
+          "reverse | sort | add | word_problem | jsonl | file_reverse | file_sort | wordle (empty: "
+          "name)");
+  b.Field("seed", &c.seed, "seed of prompt generation and of the held-out split");
+  b.Field("eval_size", &c.eval_size, "held-out prompts");
+  b.Field("scoring", &c.scoring, "exact | partial | external (reward service)");
+  b.Field("prompt_style", &c.prompt_style,
+          "compact (short, for char models) | verbose (English instruction)");
+  b.Field("min_len", &c.min_len, "letters per word, at least (reverse, sort, file tasks)");
+  b.Field("max_len", &c.max_len, "letters per word, at most");
+  b.Field("min_digits", &c.min_digits, "digits per operand, at least (add)");
+  b.Field("max_digits", &c.max_digits, "digits per operand, at most (add)");
+  b.Field("max_number", &c.max_number, "largest number in word problems");
+  b.Field("word_length", &c.word_length, "secret word length for wordle (4 or 5)");
+  b.Field("path", &c.path, "JSONL file for kind jsonl");
+  b.Field("service", &c.service,
+          "reward service for this task's samples (empty: the default service)");
+  b.Field("tool_instructions", &c.tool_instructions,
+          "multi-turn: open with a system message listing the tools");
+  b.Section("workspace", &c.workspace, "scratch directory limits (file tasks)");
+}
+void Describe(config::Binder& b, EpisodeConfig& c) {
+  b.Field("max_turns", &c.max_turns, "assistant turns before the episode ends");
+  b.Field("max_response_tokens", &c.max_response_tokens,
+          "response tokens (model + environment) per episode");
+  b.Field("max_turn_tokens", &c.max_turn_tokens, "new tokens per assistant turn");
+  b.Field("max_tool_output_chars", &c.max_tool_output_chars,
+          "tool output shown to the model, at most");
+  b.Field("ascii_tool_output", &c.ascii_tool_output,
+          "replace non-printable bytes in tool output with '?'");
+}
+void Describe(config::Binder& b, RewardServiceConfig& c) {
+  b.Field("name", &c.name, "name samples route by");
+  b.Field("url", &c.url, "endpoint URL (POST JSON, answer {\"reward\": x})");
+  b.Field("timeout_ms", &c.timeout_ms, "limit of one HTTP attempt");
+  b.Field("max_attempts", &c.max_attempts, "attempts per sample");
+  b.Field("backoff_ms", &c.backoff_ms, "backoff before the 2nd attempt (doubles, jittered)");
+  b.Field("max_backoff_ms", &c.max_backoff_ms, "largest backoff");
+}
+void Describe(config::Binder& b, RewardClientConfig& c) {
+  b.List("services", &c.services, "external reward services");
+  b.Field("default_service", &c.default_service, "service for samples that name none");
+  b.Field("call_timeout_ms", &c.call_timeout_ms, "limit per sample, retries included");
+  b.Field("connect_timeout_ms", &c.connect_timeout_ms, "TCP connect limit");
+  b.Field("max_concurrency", &c.max_concurrency, "requests in parallel per batch");
+  b.Field("max_response_bytes", &c.max_response_bytes, "largest response body accepted");
+}
+}  // namespace envs
+
+namespace broadcast {
+void Describe(config::Binder& b, BroadcastConfig& c) {
+  EnumField<Backend>(
+      b, "backend", &c.backend, "gloo | nccl | zmq | shm",
+      [](Backend x) { return std::string(BackendName(x)); }, ParseBackend);
+  b.Field("bucket_bytes", &c.bucket_bytes, "bucket size tensors are packed into");
+  b.Field("chunk_bytes", &c.chunk_bytes, "pipelining unit of the chain paths");
+  EnumField<WireDtype>(
+      b, "wire_dtype", &c.wire_dtype, "float32 on the wire: as_stored | bfloat16",
+      [](WireDtype x) { return std::string(WireDtypeName(x)); }, ParseWireDtype);
+  b.Field("checksum", &c.checksum, "64-bit checksum per bucket, verified by receivers");
+  b.Field("timeout_ms", &c.timeout_ms,
+          "a broadcast step without progress this long fails; the group re-forms");
+  b.Field("heartbeat_ms", &c.heartbeat_ms, "learner <-> receiver ping interval");
+  b.Field("member_timeout_ms", &c.member_timeout_ms,
+          "a silent receiver is dropped from the next epoch");
+  b.Field("max_attempts", &c.max_attempts, "attempts per broadcast (re-forming the group between)");
+  EnumField<GlooAlgorithm>(
+      b, "gloo_algorithm", &c.gloo_algorithm, "gloo data path: chain | broadcast",
+      [](GlooAlgorithm x) { return std::string(GlooAlgorithmName(x)); }, ParseGlooAlgorithm);
+  EnumField<ZmqTopology>(
+      b, "zmq_topology", &c.zmq_topology, "zmq data path: chain | star",
+      [](ZmqTopology x) { return std::string(ZmqTopologyName(x)); }, ParseZmqTopology);
+  b.Field("nccl_device", &c.nccl_device, "CUDA device of the learner (nccl)");
+  b.Field("zmq_hwm_chunks", &c.zmq_hwm_chunks, "ZeroMQ high-water mark in chunks per data socket");
+}
+}  // namespace broadcast
+
+namespace launcher {
+
+void Describe(Binder& b, BatchSpec& c) {
+  b.Field("prompts_per_update", &c.prompts_per_update, "groups (prompts) per optimizer update");
+  b.Field("samples_per_prompt", &c.samples_per_prompt, "samples per prompt (G, the group size)");
+  b.Field("groups_per_message", &c.groups_per_message,
+          "groups per rollout message (divides prompts_per_update)");
+}
+void Describe(Binder& b, TokenizerSpec& c) {
+  b.Field("kind", &c.kind, "tokenizer kind: char");
+  b.Field("alphabet", &c.alphabet,
+          "printable (all built-in tasks) | lowercase (a-z and '=') | a literal string");
+}
+void Describe(Binder& b, SamplingSpec& c) {
+  b.Field("temperature", &c.temperature, "softmax temperature (the learner uses the same)");
+  b.Field("top_k", &c.top_k, "keep the k most likely tokens (0: off)");
+  b.Field("top_p", &c.top_p, "nucleus mass (1: off)");
+  b.Field("max_new_tokens", &c.max_new_tokens, "response tokens per sample at most");
+}
+void Describe(Binder& b, EngineSpec& c) {
+  b.Field("num_slots", &c.num_slots, "KV-cache slots (sequences decoded together)");
+  b.Field("intra_op_threads", &c.intra_op_threads, "torch threads per engine");
+  b.Field("device", &c.device, "cpu | cuda | cuda:N");
+  b.Field("fused_cpu_kernels", &c.fused_cpu_kernels, "fused CPU decode kernels");
+}
+void Describe(Binder& b, WarmStartSpec& c) {
+  b.Field("steps", &c.steps, "supervised updates on demonstrations before RL (0: none)");
+  b.Field("batch_size", &c.batch_size, "demonstrations per update");
+}
+void Describe(Binder& b, EvalSpec& c) {
+  b.Field("every_steps", &c.every_steps,
+          "greedy held-out evaluation every N RL updates (0: start and end only)");
+  b.Field("prompts", &c.prompts, "held-out prompts per evaluation (0: the whole eval split)");
+  b.Field("max_new_tokens", &c.max_new_tokens, "0: sampling.max_new_tokens");
+}
+void Describe(Binder& b, CheckpointSpec& c) {
+  b.Field("every_steps", &c.every_steps, "checkpoint every N RL updates (0: only at stop)");
+  b.Field("ack", &c.ack,
+          "acknowledge batches at: checkpoint (exactly-once across learner restarts) | trained");
+}
+void Describe(Binder& b, StopSpec& c) {
+  b.Field("max_steps", &c.max_steps, "RL optimizer updates");
+  b.Field("target_accuracy", &c.target_accuracy, "held-out accuracy that ends the job (0: never)");
+  b.Field("max_seconds", &c.max_seconds, "wall seconds of RL (0: no limit)");
+}
+void Describe(Binder& b, RolloutSettings& c) {
+  b.Field("max_groups_in_flight", &c.max_groups_in_flight, "groups generating at once per actor");
+  b.Field("outbox_messages", &c.outbox_messages,
+          "unacknowledged batches held before generation blocks");
+  b.Field("credit_timeout_ms", &c.credit_timeout_ms,
+          "re-ask the learner for credits after this silence");
+  b.Field("drain_timeout_ms", &c.drain_timeout_ms,
+          "on drain: time to finish and deliver in-flight work");
+}
+void Describe(Binder& b, RewardSettings& c) {
+  b.Field("outbox_messages", &c.outbox_messages,
+          "scored batches held before the actor stops taking new ones");
+  b.Field("score_timeout_ms", &c.score_timeout_ms, "upper bound for scoring one batch");
+}
+
+// A role section: process settings and role settings side by side.
+template <typename Settings>
+struct RoleSection {
+  RoleProcess* process;
+  Settings* settings;
+};
+struct NoSettings {};
+void Describe(Binder&, NoSettings&) {}
+template <typename Settings>
+void Describe(Binder& b, RoleSection<Settings>& c) {
+  Describe(b, *c.process);
+  Describe(b, *c.settings);
+}
+
+std::string TokenizerAlphabet(const TokenizerSpec& spec) {
+  if (spec.alphabet == "printable") return envs::PrintableAlphabet();
+  if (spec.alphabet == "lowercase") return "=abcdefghijklmnopqrstuvwxyz";
+  return spec.alphabet;
+}
+
+void Describe(Binder& b, JobConfig& c) {
   b.Field("name", &c.name, "job name; run folders are RUNS_DIR/<name>-<time>");
   b.Field("seed", &c.seed, "master seed (prompts, sampling, init); each actor derives its own");
   b.Field("runs_dir", &c.runs_dir, "where run folders are created");
   b.Section("cluster", &c.cluster, "where actors run: local, ssh hosts or a Slurm allocation");
   b.Section("head", &c.head, "heartbeats, liveness and grace periods");
-  b.Section("learner", &c.learner, "the learner process (exactly one)");
-  b.Section("rollout", &c.rollout, "rollout actors (generate with the policy)");
-  b.Section("reward", &c.reward, "reward actors (score rollouts)");
-  b.Section("echo", &c.echo, "echo reference actors (tests and demos)");
-  if (b.mode() == config::Binder::Mode::kRead) {
-    if (c.name.empty() || c.name.find('/') != std::string::npos)
-      b.Error("name", "must be non-empty and contain no '/'");
-    if (c.learner.count > 1) b.Error("learner.count", "must be 0 or 1 (one learner per job)");
+  NoSettings none;
+  RoleSection<NoSettings> learner{&c.learner, &none};
+  RoleSection<RolloutSettings> rollout{&c.rollout, &c.rollout_settings};
+  RoleSection<RewardSettings> reward{&c.reward, &c.reward_settings};
+  RoleSection<NoSettings> echo{&c.echo, &none};
+  b.Section("learner", &learner, "the learner process (exactly one)");
+  b.Section("rollout", &rollout, "rollout actors: generate groups with the policy");
+  b.Section("reward", &reward, "reward actors: score rollouts");
+  b.Section("echo", &echo, "echo reference actors (tests and demos)");
+  b.Section("model", &c.model, "the policy model (Llama-style decoder)");
+  b.Section("tokenizer", &c.tokenizer, "tokenizer of the built-in tasks");
+  // `task:` (one task) or `tasks:` (a list).
+  if (b.mode() == Binder::Mode::kRead) {
+    if (b.Has("task") && b.Has("tasks")) b.Error("task", "give either `task` or `tasks`, not both");
+    if (b.Has("task")) {
+      envs::TaskConfig one;
+      b.Section("task", &one, "the task (one)");
+      c.tasks = {one};
+    } else {
+      b.Known("task");
+    }
+    b.List("tasks", &c.tasks, "the tasks (several)");
+    if (c.tasks.empty()) c.tasks.push_back(envs::TaskConfig{});
+  } else if (b.mode() == Binder::Mode::kDoc) {
+    envs::TaskConfig one;
+    b.Section("task", &one, "the task (or `tasks:` with a list of them)");
+  } else {
+    b.List("tasks", &c.tasks, "the tasks");
   }
+  b.Section("episode", &c.episode, "multi-turn episode limits");
+  b.Section("reward_services", &c.reward_services, "external HTTP reward services");
+  b.Section("batch", &c.batch, "shape of one optimizer update's data");
+  b.Section("sampling", &c.sampling, "how rollout actors sample");
+  b.Section("engine", &c.engine, "generation engine of rollout actors and the evaluator");
+  b.Section("trainer", &c.trainer, "the learner's algorithm (GRPO/PPO family)");
+  b.Section("warm_start", &c.warm_start, "supervised warm start before RL");
+  b.Section("eval", &c.eval, "periodic greedy evaluation on held-out prompts");
+  b.Section("broadcast", &c.broadcast, "weight broadcast from the learner to rollout actors");
+  b.Section("checkpoint", &c.checkpoint, "learner checkpoints");
+  b.Section("stop", &c.stop, "when the job ends");
+  if (b.mode() != Binder::Mode::kRead) return;
+
+  // ---- cross-section validation (each component's own rules first)
+  if (c.name.empty() || c.name.find('/') != std::string::npos)
+    b.Error("name", "must be non-empty and contain no '/'");
+  if (c.learner.count > 1) b.Error("learner.count", "must be 0 or 1 (one learner per job)");
+  if (c.learner.count == 1 && c.rollout.count == 0)
+    b.Error("rollout.count", "a job with a learner needs at least one rollout actor");
+  if (c.learner.count == 1 && c.reward.count == 0)
+    b.Error("reward.count", "a job with a learner needs at least one reward actor");
+  if (c.tokenizer.kind != "char")
+    b.Error("tokenizer.kind", "must be char, got '" + c.tokenizer.kind + "'");
+  std::string alphabet = TokenizerAlphabet(c.tokenizer);
+  if (alphabet.empty()) b.Error("tokenizer.alphabet", "is empty");
+  int64_t vocab = 3 + static_cast<int64_t>(alphabet.size());
+  if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
+  if (c.model.vocab_size < vocab) {
+    b.Error("model.vocab_size", "is " + std::to_string(c.model.vocab_size) +
+                                    " but the tokenizer has " + std::to_string(vocab) + " ids");
+  }
+  Check(b, "model", c.model.Validate());
+  Check(b, "tasks", envs::ValidateTasks(c.tasks));
+  Check(b, "reward_services", envs::ValidateRewardRouting(c.tasks, c.reward_services));
+  Check(b, "episode", c.episode.Validate());
+  const auto& bs = c.batch;
+  if (bs.prompts_per_update == 0) b.Error("batch.prompts_per_update", "must be > 0");
+  if (bs.samples_per_prompt == 0) b.Error("batch.samples_per_prompt", "must be > 0");
+  if (bs.groups_per_message == 0 ||
+      (bs.prompts_per_update % std::max<uint32_t>(1, bs.groups_per_message)) != 0) {
+    b.Error("batch.groups_per_message", "must divide prompts_per_update (" +
+                                            std::to_string(bs.prompts_per_update) + "), got " +
+                                            std::to_string(bs.groups_per_message));
+  }
+  engine::SamplingParams sp;
+  sp.temperature = c.sampling.temperature;
+  sp.top_k = c.sampling.top_k;
+  sp.top_p = c.sampling.top_p;
+  sp.max_new_tokens = c.sampling.max_new_tokens;
+  sp.num_samples = static_cast<int32_t>(bs.samples_per_prompt);
+  Check(b, "sampling", sp.Validate());
+  if (c.sampling.temperature <= 0)
+    b.Error("sampling.temperature", "must be > 0 for RL (0 is greedy: no exploration)");
+  engine::EngineConfig ec;
+  ec.model = c.model;
+  ec.num_slots = c.engine.num_slots;
+  ec.intra_op_threads = c.engine.intra_op_threads;
+  ec.device = c.engine.device;
+  Check(b, "engine", ec.Validate());
+  if (c.engine.num_slots < static_cast<int32_t>(bs.samples_per_prompt)) {
+    b.Error("engine.num_slots",
+            "must hold at least one group (" + std::to_string(bs.samples_per_prompt) + " samples)");
+  }
+  // The learner trains at the sampling temperature and consumes whole updates.
+  c.trainer.temperature = c.sampling.temperature;
+  c.trainer.batches_per_update =
+      static_cast<int32_t>(bs.prompts_per_update / std::max<uint32_t>(1, bs.groups_per_message));
+  Check(b, "trainer", c.trainer.Validate());
+  Check(b, "broadcast", c.broadcast.Validate());
+  if (c.checkpoint.ack != "checkpoint" && c.checkpoint.ack != "trained") {
+    b.Error("checkpoint.ack", "must be checkpoint or trained, got '" + c.checkpoint.ack + "'");
+  }
+  if (c.stop.target_accuracy < 0 || c.stop.target_accuracy > 1)
+    b.Error("stop.target_accuracy", "must be in [0, 1]");
+  if (c.stop.max_seconds < 0) b.Error("stop.max_seconds", "must be >= 0");
+  if (c.stop.max_steps == 0) b.Error("stop.max_steps", "must be > 0");
+  if (c.rollout_settings.max_groups_in_flight < bs.groups_per_message) {
+    b.Error("rollout.max_groups_in_flight", "must be at least batch.groups_per_message (" +
+                                                std::to_string(bs.groups_per_message) + ")");
+  }
+  if (c.rollout_settings.outbox_messages == 0) b.Error("rollout.outbox_messages", "must be > 0");
 }
 
 static Result<JobConfig> Bind(YAML::Node root, const std::string& source) {
@@ -43,16 +428,16 @@ Result<JobConfig> LoadResolvedConfig(const std::string& path) {
 }
 
 std::string ResolvedConfigYaml(const JobConfig& c) {
-  YAML::Node out = YAML::Clone(c.raw);
   YAML::Node typed = config::Write(c);
-  for (auto kv : typed) out[kv.first.as<std::string>()] = kv.second;
   YAML::Emitter e;
-  e << out;
-  return std::string(e.c_str()) + "\n";
+  e << typed;
+  return "# Resolved job config (every key, defaults included); written by `troupe run`.\n" +
+         std::string(e.c_str()) + "\n";
 }
 
 std::vector<config::KeyDoc> JobConfigKeys() {
   return config::Document(JobConfig{});
 }
 
-}  // namespace troupe::launcher
+}  // namespace launcher
+}  // namespace troupe

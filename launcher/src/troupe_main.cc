@@ -151,7 +151,7 @@ int CmdRun(RunArgs a) {
   struct Joiner {
     std::thread& t;
     ~Joiner() {
-      ::kill(::getpid(), SIGUSR2);
+      pthread_kill(t.native_handle(), SIGUSR2);
       t.join();
     }
   } joiner{sig_thread};
@@ -305,13 +305,13 @@ int CmdLogs(const std::string& runs_dir, std::vector<std::string> pos, bool all,
 
 // ---------------------------------------------------------------- status / scale / stop
 
-int CmdStatus(const std::string& runs_dir, std::vector<std::string> pos) {
+int CmdStatus(const std::string& runs_dir, std::vector<std::string> pos, bool stats) {
   if (pos.size() > 1) return Fail("status takes at most a RUN argument", 2);
   auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
   if (!run.ok()) return Fail(run.status().message());
   auto r = SendControl(*run, "status", Deadline::InMs(5000));
   if (!r.ok()) return Fail(r.status().message());
-  std::cout << "run " << run->path << "\n" << FormatStatusTable(*r);
+  std::cout << "run " << run->path << "\n" << FormatStatusTable(*r, stats);
   return 0;
 }
 
@@ -399,8 +399,10 @@ int main(int argc, char** argv) {
   run->add_option("--log-level", ra.log_level, "head log level");
 
   std::vector<std::string> pos;
+  bool with_stats = false;
   auto* status = app.add_subcommand("status", "table of the actors of a run");
   status->add_option("run", pos, "[RUN]");
+  status->add_flag("-s,--stats", with_stats, "also print every actor's heartbeat statistics");
 
   bool all = false, follow = false;
   auto* logs = app.add_subcommand("logs", "show an actor's log ([RUN] ACTOR, or --all)");
@@ -431,7 +433,7 @@ int main(int argc, char** argv) {
     if (app.get_option("--runs-dir")->count()) ra.runs_dir = runs_dir;
     return CmdRun(ra);
   }
-  if (*status) return CmdStatus(runs_dir, pos);
+  if (*status) return CmdStatus(runs_dir, pos, with_stats);
   if (*logs) return CmdLogs(runs_dir, pos, all, follow);
   if (*scale) return CmdScale(runs_dir, pos);
   if (*stop) return CmdStop(runs_dir, pos, wait_s);

@@ -66,6 +66,13 @@ class Binder {
   // binary validates). They are not reported as unknown.
   void Delegate(const char* key, const char* doc);
 
+  // Reading: whether this level's YAML has `key` (set, even to null).
+  bool Has(const char* key) const {
+    return mode_ == Mode::kRead && node_.IsMap() && node_[key].IsDefined();
+  }
+  // Marks `key` as known without binding it (handled by the caller).
+  void Known(const char* key) { known_.insert(key); }
+
   // Records an error against a key of this level (used by validation hooks).
   void Error(const std::string& key, const std::string& message);
 

@@ -37,6 +37,6 @@ Result<ControlResult> SendControl(const RunDir& run, const std::string& kind, De
                                   const std::string& role = "", uint32_t count = 0);
 
 // Renders the `troupe status` table.
-std::string FormatStatusTable(const ControlResult& r);
+std::string FormatStatusTable(const ControlResult& r, bool with_stats = false);
 
 }  // namespace troupe::launcher

@@ -1,20 +1,99 @@
 // The job config: one YAML file describes a whole job (configs/*.yaml).
 //
 // Every key is a field of a typed struct with a one-line doc (`troupe
-// config-keys` lists them all); LoadJobConfig reads the file, applies `--set`
-// overrides, rejects unknown keys and wrong types, and validates every
-// section before anything is spawned. Errors name the file and the key.
-// Torch-free: the launcher includes this, and so does troupe-actor.
+// config-keys` lists them all, with defaults); LoadJobConfig reads the file,
+// applies `--set` overrides, rejects unknown keys and wrong types, and
+// validates every section (with the components' own Validate()) before
+// anything is spawned. Errors name the file and the key. Torch-free: the
+// launcher includes this, and so does troupe-actor.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "troupe/broadcast/config.h"
 #include "troupe/core/status.h"
+#include "troupe/engine/engine_config.h"
+#include "troupe/engine/model_config.h"
+#include "troupe/envs/config.h"
 #include "troupe/launcher/config_binder.h"
 #include "troupe/launcher/job_spec.h"
+#include "troupe/trainer/config.h"
 
 namespace troupe::launcher {
+
+// The shape of one optimizer update's data.
+struct BatchSpec {
+  uint32_t prompts_per_update = 16;  // groups (prompts) per optimizer update
+  uint32_t samples_per_prompt = 8;   // G: samples per prompt (one group)
+  uint32_t groups_per_message =
+      4;  // groups per RolloutBatch message (must divide prompts_per_update)
+};
+
+// Rollout actors' own settings (besides their process settings).
+struct RolloutSettings {
+  uint32_t max_groups_in_flight =
+      16;                          // groups generating at once per actor (bounded by credits too)
+  uint32_t outbox_messages = 256;  // unacknowledged batches an actor holds before it blocks
+  uint32_t credit_timeout_ms = 1000;  // re-ask the learner for credits after this silence
+  uint32_t drain_timeout_ms = 10000;  // on drain: time to finish and deliver in-flight work
+};
+
+// Reward actors' own settings.
+struct RewardSettings {
+  uint32_t outbox_messages = 256;     // scored batches held before the actor stops taking new ones
+  uint32_t score_timeout_ms = 30000;  // upper bound for scoring one batch (external services)
+};
+
+// The character tokenizer of built-in tasks.
+struct TokenizerSpec {
+  std::string kind = "char";  // char (the only built-in kind)
+  std::string alphabet =
+      "printable";  // printable (every built-in task's characters) | lowercase | a literal string
+};
+
+// Sampling of rollout actors.
+struct SamplingSpec {
+  double temperature = 1.0;     // softmax temperature (the learner uses the same one)
+  int32_t top_k = 0;            // keep the k most likely tokens (0: off)
+  double top_p = 1.0;           // nucleus sampling mass (1: off)
+  int32_t max_new_tokens = 16;  // response tokens per sample at most
+};
+
+// Generation engine of rollout actors (and the learner's evaluator).
+struct EngineSpec {
+  int32_t num_slots = 128;        // KV-cache slots = sequences decoded together
+  int32_t intra_op_threads = 1;   // torch threads per engine (1: best on 2 shared cores)
+  std::string device = "cpu";     // cpu | cuda | cuda:N
+  bool fused_cpu_kernels = true;  // fused RoPE + attention decode kernels on CPU
+};
+
+// Supervised warm start before RL (skipped when resuming from a checkpoint).
+struct WarmStartSpec {
+  uint32_t steps = 0;        // supervised updates on task demonstrations (0: none)
+  uint32_t batch_size = 64;  // demonstrations per update
+};
+
+// Held-out evaluation (greedy) run by the learner.
+struct EvalSpec {
+  uint32_t every_steps = 10;   // evaluate every N RL updates (0: only at the start and end)
+  uint32_t prompts = 0;        // held-out prompts per evaluation (0: the task's whole eval split)
+  int32_t max_new_tokens = 0;  // 0: sampling.max_new_tokens
+};
+
+// Learner checkpoints (in RUN/checkpoints).
+struct CheckpointSpec {
+  uint32_t every_steps = 50;       // checkpoint every N RL updates (0: only at stop)
+  std::string ack = "checkpoint";  // when batches are acknowledged: checkpoint (exactly-once across
+                                   // learner restarts) | trained
+};
+
+// When the job ends (the first condition met).
+struct StopSpec {
+  uint64_t max_steps = 1000;   // RL optimizer updates
+  double target_accuracy = 0;  // held-out accuracy that ends the job (0: never)
+  double max_seconds = 0;      // wall seconds of RL (0: no limit)
+};
 
 struct JobConfig {
   std::string name = "job";  // job name: run folders are runs/<name>-<time>
@@ -27,20 +106,41 @@ struct JobConfig {
   RoleProcess rollout{2};  // rollout actors
   RoleProcess reward{1};   // reward actors
   RoleProcess echo{0};     // echo reference actors (tests and demos)
+  RolloutSettings rollout_settings;  // rollout.* role settings
+  RewardSettings reward_settings;    // reward.* role settings
 
-  // Sections validated by the roles' own structs (see job_config.cc).
+  engine::ModelConfig model;  // the policy
+  TokenizerSpec tokenizer;
+  std::vector<envs::TaskConfig> tasks;       // `task:` (one) or `tasks:` (several)
+  envs::EpisodeConfig episode;               // multi-turn limits
+  envs::RewardClientConfig reward_services;  // external reward services
+  BatchSpec batch;
+  SamplingSpec sampling;
+  EngineSpec engine;
+  trainer::LearnerConfig trainer;
+  WarmStartSpec warm_start;
+  EvalSpec eval;
+  broadcast::BroadcastConfig broadcast;
+  CheckpointSpec checkpoint;
+  StopSpec stop;
+
   YAML::Node raw;      // the resolved document (after --set)
   std::string source;  // the file it came from
+
+  // The roles this job runs (count > 0 or scalable), e.g. for the head.
+  bool has_learner() const { return learner.count > 0; }
 };
 void Describe(config::Binder& b, JobConfig& c);
 
 // Reads `path`, applies `overrides` ("key.path=value"), binds and validates.
 Result<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
-// Re-reads a resolved config written by WriteResolvedConfig (run folder).
+// Re-reads a resolved config written to a run folder.
 Result<JobConfig> LoadResolvedConfig(const std::string& path);
 // The resolved config as YAML text (every key, defaults included).
 std::string ResolvedConfigYaml(const JobConfig& c);
 // Every documented key of the job config.
 std::vector<config::KeyDoc> JobConfigKeys();
+// The alphabet string a TokenizerSpec names ("printable" -> every printable ASCII char, ...).
+std::string TokenizerAlphabet(const TokenizerSpec& spec);
 
 }  // namespace troupe::launcher

@@ -1,0 +1,68 @@
+// Rollout data on the wire (private to actors/): building RolloutBatch and
+// ScoredBatch messages and reading them back, torch-free.
+//
+//   rollout: SequenceRecord[] ──BuildRolloutBatch──▶ RolloutBatch (tensors as own frames)
+//   reward:  RolloutBatch ──ForwardScored──▶ ScoredBatch (tensors re-referenced, not copied)
+//   learner: ScoredBatch ──ReadTrainBatch──▶ trainer::TrainBatch (validated)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "troupe/core/status.h"
+#include "troupe/trainer/batch.h"
+#include "troupe/transport/message.h"
+
+namespace troupe::actors {
+
+// One sampled sequence (or multi-turn episode) as a rollout actor ships it.
+struct SequenceRecord {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> response;
+  std::vector<float> logprobs;           // per response token (0 where mask is 0)
+  std::vector<uint8_t> mask;             // 1 model token, 0 environment token
+  std::vector<uint64_t> token_versions;  // per response token (optional, may be empty)
+  uint32_t group_index = 0;
+  wire::FinishReason finish = wire::FinishReason::STOP;
+  std::string reject_reason;
+  std::string prompt_id, task, reference, service, prompt_text, response_text, extra;
+};
+
+struct RolloutBatchInfo {
+  std::string batch_id;
+  uint64_t policy_version = 0;  // version at generation start (the oldest of the batch)
+  std::string producer;
+  uint32_t group_size = 1;
+  int64_t generate_time_ns = 0;
+  int64_t created_ns = 0;
+};
+
+// Fills `msg` with a RolloutBatch; bulk columns become tensors sent without copies.
+Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<SequenceRecord>& seqs,
+                         transport::OutMessage* msg);
+
+// What the reward actor needs of each sequence.
+struct ScoringItem {
+  std::string task, prompt_text, response_text, reference, service, extra;
+};
+// Reads the per-sequence metadata of a received RolloutBatch (validated:
+// sequence count and offsets agree). Also returns the batch id.
+Result<std::vector<ScoringItem>> ReadScoringItems(const transport::InMessage& msg,
+                                                  std::string* batch_id, uint32_t* num_sequences);
+
+struct RewardRecord {
+  float reward = 0;
+  std::string scorer, failure;
+  std::vector<std::pair<std::string, double>> components;
+};
+// Builds a ScoredBatch from a received RolloutBatch: scalar fields and
+// metadata are copied, tensors are referenced (kept alive by `rollout`).
+Status ForwardScored(const transport::InMessage& rollout, const std::vector<RewardRecord>& rewards,
+                     const std::string& scorer, int64_t score_time_ns, transport::OutMessage* out);
+
+// Reads a received ScoredBatch into the learner's batch type. Errors name the
+// field (dtype, size, offsets); the learner validates the content further.
+Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std::string* producer);
+
+}  // namespace troupe::actors

@@ -1,0 +1,732 @@
+// The learner role.
+//
+//   reward-* ──ScoredBatch (reliable)──▶ [data socket] ──Offer──▶ trainer::Learner ──Step──▶
+//   version+1 rollout-* ──Credit request──▶ [data socket] ──Credit grant──▶ rollout-*   (staleness
+//   control) version+1 ──AsyncBroadcaster──▶ WeightSender ══gloo/zmq/shm/nccl══▶ rollout-* engines
+//   every eval.every_steps: greedy held-out evaluation on a private engine ──Metrics──▶ head
+//
+// Acknowledgements: with checkpoint.ack = checkpoint a batch is acknowledged
+// (or rejected) only once a checkpoint covers its effect, so a learner killed
+// and restarted from that checkpoint sees every later batch again:
+// exactly-once training end to end. With `trained` it is acknowledged as soon
+// as its fate is known (faster acks, at-most-once across learner crashes).
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "batch_codec.h"
+#include "role_common.h"
+#include "roles.h"
+#include "troupe/broadcast/sender.h"
+#include "troupe/core/log.h"
+#include "troupe/engine/engine.h"
+#include "troupe/trainer/learner.h"
+#include "troupe/transport/reliable.h"
+
+namespace troupe::actors {
+namespace {
+
+namespace fs = std::filesystem;
+spdlog::logger& Log() {
+  return log::Get("learner");
+}
+
+// Publishes weight versions on a background thread, coalescing: while one
+// broadcast runs, only the newest pending version is kept.
+class AsyncBroadcaster {
+ public:
+  explicit AsyncBroadcaster(broadcast::WeightSender* sender)
+      : sender_(sender), thread_([this] { Loop(); }) {}
+  ~AsyncBroadcaster() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Snapshots `named` (the learner keeps training) and queues it.
+  void Publish(uint64_t version, const engine::NamedTensors& named) {
+    broadcast::NamedTensors copy;
+    copy.reserve(named.size());
+    for (const auto& [n, t] : named) copy.emplace_back(n, t.detach().clone());
+    std::lock_guard<std::mutex> g(mu_);
+    next_version_ = version;
+    next_ = std::move(copy);
+    has_next_ = true;
+    cv_.notify_all();
+  }
+  // Blocks until everything queued was broadcast (or the deadline).
+  bool WaitIdle(Deadline deadline) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_until(l, deadline.at(), [&] { return !has_next_ && !busy_; });
+  }
+  uint64_t published() const { return published_.load(); }
+  uint64_t failures() const { return failures_.load(); }
+  double last_seconds() const { return last_seconds_.load(); }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      cv_.wait(l, [&] { return stop_ || has_next_; });
+      if (stop_) return;
+      uint64_t v = next_version_;
+      broadcast::NamedTensors named = std::move(next_);
+      has_next_ = false;
+      busy_ = true;
+      l.unlock();
+      auto t0 = std::chrono::steady_clock::now();
+      Status s = sender_->Broadcast(v, named, Deadline::InMs(60000));
+      last_seconds_ = SecondsSince(t0);
+      if (s.ok()) {
+        published_ = v;
+      } else {
+        failures_.fetch_add(1);
+        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "broadcast of version {} failed: {}",
+                            v, s.ToString());
+      }
+      l.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  broadcast::WeightSender* sender_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, has_next_ = false, busy_ = false;
+  uint64_t next_version_ = 0;
+  broadcast::NamedTensors next_;
+  std::atomic<uint64_t> published_{0}, failures_{0};
+  std::atomic<double> last_seconds_{0};
+  std::thread thread_;
+};
+
+// Staleness control (DESIGN invariant 3, AReaL's admission rule): the groups
+// granted stay within (max_lag + 1) updates' worth beyond the groups already
+// consumed (trained, or dropped as stale/invalid). Counting consumed data
+// rather than versions keeps the pipeline moving when an update is skipped
+// (all groups uniform) or data is dropped. Grants come in whole messages
+// (groups_per_message groups), so no rollout actor is left holding a partial
+// message it cannot complete. A grant carries the learner's version: the
+// actor starts those groups only with weights at least that new.
+class CreditBook {
+ public:
+  CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit)
+      : lag_(max_lag), per_update_(groups_per_update), unit_(unit) {}
+  void Request(const std::string& peer, int64_t groups) {
+    pending_[peer] = std::max<int64_t>(0, groups);
+  }
+  // Groups whose fate the learner decided (trained or dropped).
+  void Consumed(int64_t groups) { consumed_ += groups; }
+  // Grants what capacity allows, one message at a time round robin.
+  std::vector<std::pair<std::string, int64_t>> Grant() {
+    std::vector<std::pair<std::string, int64_t>> out;
+    int64_t cap = (lag_ + 1) * per_update_ + consumed_ - granted_;
+    bool any = true;
+    while (cap >= unit_ && any) {
+      any = false;
+      for (auto& [peer, want] : pending_) {
+        if (cap < unit_) break;
+        if (want < unit_) continue;
+        want -= unit_;
+        cap -= unit_;
+        granted_ += unit_;
+        auto it = std::find_if(out.begin(), out.end(), [&](auto& p) { return p.first == peer; });
+        if (it == out.end())
+          out.emplace_back(peer, unit_);
+        else
+          it->second += unit_;
+        any = true;
+      }
+    }
+    return out;
+  }
+  // A grant that never reached its actor.
+  void Undo(int64_t groups) { granted_ -= groups; }
+  int64_t granted() const { return granted_; }
+  int64_t consumed() const { return consumed_; }
+
+ private:
+  int64_t lag_, per_update_, unit_;
+  int64_t granted_ = 0, consumed_ = 0;
+  std::map<std::string, int64_t> pending_;
+};
+
+struct EvalResult {
+  double accuracy = 0, reward = 0;
+  int64_t prompts = 0;
+  double seconds = 0;
+};
+
+class LearnerRole {
+ public:
+  LearnerRole(ActorRuntime& rt, transport::Network& net, JobContext& ctx)
+      : rt_(rt), net_(net), ctx_(ctx), job_(ctx.job) {}
+  Status Run();
+
+ private:
+  Status Setup();
+  Status WarmStart();
+  Result<EvalResult> Evaluate();
+  void HandleDelivery(transport::Delivery d);
+  void HandleCredit(const std::string& peer, const transport::InMessage& m);
+  void SendGrants();
+  Status TrainStep();
+  Status Checkpoint(const char* why);
+  void ReleaseAcks(bool all_finished);
+  void Report(const trainer::StepMetrics& m);
+  void SendEval(const EvalResult& e);
+  void WriteSidecar(const std::string& ckpt_dir);
+  bool ReadSidecar();
+  void Finish();
+  uint64_t RlUpdates() const { return learner_->version() - rl_start_version_; }
+
+  ActorRuntime& rt_;
+  transport::Network& net_;
+  JobContext& ctx_;
+  const launcher::JobConfig& job_;
+  std::shared_ptr<engine::LlamaModel> policy_;
+  std::unique_ptr<trainer::Learner> learner_;
+  std::unique_ptr<engine::Engine> eval_engine_;
+  std::unique_ptr<transport::Socket> data_;
+  std::unique_ptr<transport::ReliableReceiver> receiver_;
+  std::unique_ptr<broadcast::WeightSender> sender_;
+  std::unique_ptr<AsyncBroadcaster> broadcaster_;
+  std::unique_ptr<CreditBook> credits_;
+  std::string ckpt_root_;
+
+  // Deliveries waiting for their acknowledgement, by batch id.
+  struct Held {
+    transport::Delivery delivery;
+    bool decided = false;  // trained or dropped
+    bool rejected = false;
+    std::string reason;
+    int64_t groups = 0;
+  };
+  std::map<std::string, Held> held_;
+  std::vector<Held> decided_unacked_;  // rejections waiting for a checkpoint
+
+  uint64_t rl_start_version_ = 0;
+  double warm_accuracy_ = -1, best_accuracy_ = -1, last_accuracy_ = -1, time_to_target_ = -1;
+  double rl_elapsed_before_ = 0;  // RL seconds of earlier incarnations (resume)
+  std::chrono::steady_clock::time_point rl_t0_;
+  double train_seconds_ = 0;
+  int64_t train_tokens_ = 0, received_response_tokens_ = 0;
+  uint64_t last_eval_update_ = 0, last_ckpt_update_ = 0;
+  bool done_ = false;
+  std::string done_reason_;
+  uint64_t invalid_unreadable_ =
+      0;  // scored batches the codec rejected (the trainer never saw them)
+  uint64_t invalid_unreadable_seqs_ = 0;  // their sequences (as the envelope claims)
+};
+
+Status LearnerRole::Setup() {
+  TROUPE_ASSIGN_OR_RETURN(
+      policy_, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
+  TROUPE_ASSIGN_OR_RETURN(learner_, trainer::Learner::Create(job_.trainer, policy_));
+  engine::EngineConfig ec;
+  ec.model = job_.model;
+  ec.num_slots = std::max<int32_t>(8, std::min<int32_t>(256, job_.engine.num_slots * 2));
+  ec.intra_op_threads = job_.engine.intra_op_threads;
+  ec.device = job_.engine.device;
+  ec.fused_cpu_kernels = job_.engine.fused_cpu_kernels;
+  TROUPE_ASSIGN_OR_RETURN(eval_engine_, engine::Engine::Create(ec));
+
+  transport::SocketOptions so;
+  so.linger_ms = 0;
+  TROUPE_ASSIGN_OR_RETURN(data_, net_.Bind(transport::SocketKind::kServer, ctx_.AnyPort(), so));
+  receiver_ = std::make_unique<transport::ReliableReceiver>(data_.get());
+
+  broadcast::BroadcastConfig bc = job_.broadcast;
+  bc.control_endpoint = ctx_.AnyPort();
+  bc.store_host = ctx_.bind_host;
+  bc.gloo_hostname = ctx_.bind_host;
+  bc.actor_id = rt_.options().actor_id;
+  TROUPE_ASSIGN_OR_RETURN(sender_, broadcast::WeightSender::Create(bc));
+  broadcaster_ = std::make_unique<AsyncBroadcaster>(sender_.get());
+
+  credits_ =
+      std::make_unique<CreditBook>(job_.trainer.effective_max_policy_lag(),
+                                   job_.batch.prompts_per_update, job_.batch.groups_per_message);
+  ckpt_root_ = ctx_.run_dir + "/checkpoints";
+  rt_.AddEndpoint("data", data_->endpoint());
+  rt_.AddEndpoint("weights", sender_->endpoint());
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- evaluation
+
+Result<EvalResult> LearnerRole::Evaluate() {
+  auto t0 = std::chrono::steady_clock::now();
+  TROUPE_RETURN_IF_ERROR(eval_engine_->UpdateWeights(learner_->version(), learner_->NamedWeights(),
+                                                     Deadline::InMs(30000)));
+  EvalResult r;
+  for (const envs::Task* task : ctx_.task_list) {
+    uint64_t n = task->size(envs::Split::kEval);
+    if (job_.eval.prompts > 0) n = std::min<uint64_t>(n, job_.eval.prompts);
+    std::vector<engine::GenerateRequest> reqs;
+    std::vector<envs::Prompt> prompts;
+    for (uint64_t i = 0; i < n; ++i) {
+      envs::Prompt p = task->GetPrompt(envs::Split::kEval, i);
+      auto ids = ctx_.renderer->RenderPrompt(p.messages);
+      if (!ids.ok()) return ids.status().WithContext("eval prompt " + p.id);
+      engine::GenerateRequest q;
+      q.prompt = std::move(ids).value();
+      q.sampling.temperature = 0;  // greedy
+      q.sampling.max_new_tokens =
+          job_.eval.max_new_tokens > 0 ? job_.eval.max_new_tokens : job_.sampling.max_new_tokens;
+      q.sampling.stop_token_ids = {ctx_.tokenizer->eos_id()};
+      q.tag = i;
+      reqs.push_back(std::move(q));
+      prompts.push_back(std::move(p));
+    }
+    TROUPE_ASSIGN_OR_RETURN(auto results, eval_engine_->Generate(reqs, Deadline::InMs(120000)));
+    TROUPE_RETURN_IF_ERROR(engine::CheckNoRejections(results));
+    for (const auto& res : results) {
+      std::vector<int32_t> ids;
+      for (int32_t id : res.response_ids)
+        if (!ctx_.tokenizer->IsSpecial(id)) ids.push_back(id);
+      auto text = ctx_.tokenizer->Decode(ids);
+      const envs::Prompt& p = prompts[res.request_index];
+      std::string prompt_text = ctx_.renderer->PromptText(p.messages);
+      envs::VerifyResult v =
+          task->Verify({prompt_text, text.ok() ? *text : "", p.reference, p.metadata});
+      r.reward += v.reward;
+      r.accuracy += v.reward >= 1.0 - 1e-9 ? 1.0 : 0.0;
+      r.prompts++;
+    }
+  }
+  if (r.prompts > 0) {
+    r.accuracy /= static_cast<double>(r.prompts);
+    r.reward /= static_cast<double>(r.prompts);
+  }
+  r.seconds = SecondsSince(t0);
+  return r;
+}
+
+void LearnerRole::SendEval(const EvalResult& e) {
+  double elapsed = rl_elapsed_before_ + SecondsSince(rl_t0_);
+  last_accuracy_ = e.accuracy;
+  best_accuracy_ = std::max(best_accuracy_, e.accuracy);
+  if (job_.stop.target_accuracy > 0 && time_to_target_ < 0 &&
+      e.accuracy >= job_.stop.target_accuracy) {
+    time_to_target_ = elapsed;
+  }
+  rt_.SendMetrics("eval", RlUpdates(), learner_->version(),
+                  {{"eval_accuracy", e.accuracy},
+                   {"eval_reward", e.reward},
+                   {"eval_prompts", static_cast<double>(e.prompts)},
+                   {"eval_seconds", e.seconds},
+                   {"elapsed_s", elapsed}});
+  Log().info("eval at update {}: accuracy {:.3f}, reward {:.3f} ({} prompts, {:.0f} ms)",
+             RlUpdates(), e.accuracy, e.reward, e.prompts, e.seconds * 1e3);
+}
+
+// ---------------------------------------------------------------- warm start
+
+Status LearnerRole::WarmStart() {
+  if (job_.warm_start.steps == 0) return Status::Ok();
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t index = DeriveSeed(job_.seed, "warm-start") % (uint64_t{1} << 40);
+  for (uint32_t step = 0; step < job_.warm_start.steps; ++step) {
+    if (rt_.should_exit()) return Cancelled("warm start interrupted");
+    trainer::Demonstrations demos;
+    for (uint32_t i = 0; i < job_.warm_start.batch_size; ++i) {
+      const envs::Task* task =
+          ctx_.task_list[(step * job_.warm_start.batch_size + i) % ctx_.task_list.size()];
+      envs::Prompt p = task->GetPrompt(envs::Split::kTrain, index++);
+      auto demo = task->Demonstration(p);
+      if (!demo.ok()) return demo.status().WithContext("warm start demonstration for " + p.id);
+      TROUPE_ASSIGN_OR_RETURN(auto seq, ctx_.renderer->RenderConversation(p.messages, *demo));
+      demos.Add(seq.prompt_tokens, seq.response_tokens);
+    }
+    auto m = learner_->SupervisedStep(demos);
+    if (!m.ok()) return m.status().WithContext("warm start step " + std::to_string(step));
+    if ((step + 1) % 25 == 0 || step + 1 == job_.warm_start.steps) {
+      Log().info("warm start {}/{}: loss {:.4f}, token accuracy {:.3f}", step + 1,
+                 job_.warm_start.steps, m->loss, m->token_accuracy);
+    }
+  }
+  double seconds = SecondsSince(t0);
+  TROUPE_ASSIGN_OR_RETURN(EvalResult e, Evaluate());
+  warm_accuracy_ = e.accuracy;
+  rt_.SendMetrics("warm_start", 0, learner_->version(),
+                  {{"steps", static_cast<double>(job_.warm_start.steps)},
+                   {"seconds", seconds},
+                   {"eval_accuracy", e.accuracy},
+                   {"eval_reward", e.reward}});
+  Log().info("warm start done in {:.1f} s: held-out accuracy {:.3f}", seconds, e.accuracy);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- data
+
+void LearnerRole::HandleCredit(const std::string& peer, const transport::InMessage& m) {
+  auto c = m.envelope().getBody().getCredit();
+  credits_->Request(peer, c.getRequested());
+  SendGrants();
+}
+
+void LearnerRole::SendGrants() {
+  for (auto& [peer, g] : credits_->Grant()) {
+    transport::OutMessage out;
+    auto c = out.envelope().getBody().initCredit();
+    c.setGranted(static_cast<uint32_t>(g));
+    c.setLearnerVersion(learner_->version());
+    Status s = data_->SendTo(peer, out, Deadline::InMs(100));
+    if (!s.ok()) {
+      // The rollout actor is gone or restarting: take the grant back.
+      credits_->Undo(g);
+      Log().debug("credit grant to {} failed: {}", peer, s.ToString());
+    }
+  }
+}
+
+void LearnerRole::HandleDelivery(transport::Delivery d) {
+  const auto& m = d.message;
+  if (m.kind() == transport::MessageKind::CREDIT) {
+    HandleCredit(d.peer, m);
+    return;
+  }
+  if (m.kind() != transport::MessageKind::SCORED_BATCH) {
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000, "ignoring a {} message from {}",
+                        transport::KindName(m.kind()), d.peer);
+    if (d.sequenced())
+      receiver_->Reject(d, "the learner only accepts scoredBatch and credit messages");
+    return;
+  }
+  std::string producer;
+  auto batch = ReadTrainBatch(m, &producer);
+  int64_t groups = 0;
+  if (batch.ok()) {
+    std::set<uint32_t> gs(batch->group_index.begin(), batch->group_index.end());
+    groups = gs.empty() ? batch->num_sequences() / std::max<int64_t>(1, batch->group_size)
+                        : static_cast<int64_t>(gs.size());
+  }
+  if (!batch.ok()) {
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "rejecting a scored batch from {}: {}",
+                        d.peer, batch.status().ToString());
+    // Unreadable: counted here (the trainer never saw it).
+    invalid_unreadable_++;
+    invalid_unreadable_seqs_ +=
+        m.envelope().getBody().getScoredBatch().getRollout().getNumSequences();
+    Held h{std::move(d), true, true, batch.status().ToString(), 0};
+    if (job_.checkpoint.ack == "checkpoint")
+      decided_unacked_.push_back(std::move(h));
+    else
+      receiver_->Reject(h.delivery, h.reason);
+    return;
+  }
+  std::string id = batch->batch_id;
+  received_response_tokens_ += batch->num_response_tokens();
+  auto adm = learner_->Offer(std::move(batch).value());
+  if (adm.ok()) {
+    held_[id] = Held{std::move(d), false, false, "", groups};
+    return;
+  }
+  const Status& s = adm.status();
+  if (s.code() == Code::kAlreadyExists) {
+    // A redelivery (e.g. re-routed after a reward actor died): the first copy is tracked.
+    receiver_->Ack(d);
+    return;
+  }
+  credits_->Consumed(groups);
+  TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "batch {} from {} dropped: {}", id,
+                      producer, s.ToString());
+  Held h{std::move(d), true, true, s.ToString(), groups};
+  if (job_.checkpoint.ack == "checkpoint")
+    decided_unacked_.push_back(std::move(h));
+  else
+    receiver_->Reject(h.delivery, h.reason);
+  SendGrants();
+}
+
+// Batches whose fate the trainer decided (trained through all updates, or
+// dropped stale after acceptance) move to the decided list; acknowledged now
+// (ack = trained) or at the next checkpoint.
+void LearnerRole::ReleaseAcks(bool checkpointed) {
+  for (const auto& f : learner_->TakeFinishedBatches()) {
+    auto it = held_.find(f.batch_id);
+    if (it == held_.end()) continue;
+    Held h = std::move(it->second);
+    held_.erase(it);
+    h.decided = true;
+    h.rejected = !f.trained;
+    h.reason = f.reason;
+    credits_->Consumed(h.groups);
+    decided_unacked_.push_back(std::move(h));
+  }
+  if (job_.checkpoint.ack == "trained" || checkpointed) {
+    for (auto& h : decided_unacked_) {
+      if (h.rejected)
+        receiver_->Reject(h.delivery, h.reason);
+      else
+        receiver_->Ack(h.delivery);
+    }
+    decided_unacked_.clear();
+    receiver_->FlushAcks(Deadline::InMs(200)).IgnoreError();
+  }
+}
+
+// ---------------------------------------------------------------- training
+
+void LearnerRole::Report(const trainer::StepMetrics& m) {
+  std::map<std::string, double> s;
+  for (const auto& [k, v] : m.Stats()) s[k] = v;
+  double lag_sum = 0, lag_n = 0, lag_max = 0;
+  for (size_t k = 0; k < m.lag_histogram.size(); ++k) {
+    lag_sum += static_cast<double>(k) * m.lag_histogram[k];
+    lag_n += m.lag_histogram[k];
+    if (m.lag_histogram[k] > 0) lag_max = static_cast<double>(k);
+  }
+  s["lag_mean"] = lag_n > 0 ? lag_sum / lag_n : 0;
+  s["lag_max"] = lag_max;
+  double elapsed = rl_elapsed_before_ + SecondsSince(rl_t0_);
+  s["elapsed_s"] = elapsed;
+  s["max_steps"] = static_cast<double>(job_.stop.max_steps);
+  s["train_tokens_per_s"] = m.tokens_per_s();
+  s["received_tokens_per_s"] = elapsed > 0 ? received_response_tokens_ / elapsed : 0;
+  s["broadcast_s"] = broadcaster_->last_seconds();
+  nlohmann::json extra;
+  extra["lag_histogram"] = m.lag_histogram;
+  rt_.SendMetrics("train", RlUpdates(), m.version, s, extra.dump());
+  rt_.SetStat("train_tokens_per_s", m.tokens_per_s());
+  rt_.SetPolicyVersion(learner_->version());
+}
+
+Status LearnerRole::TrainStep() {
+  auto m = learner_->Step();
+  if (!m.ok()) {
+    if (m.status().code() == Code::kUnavailable)
+      return Status::Ok();  // stale data dropped; wait for more
+    Log().error("update failed: {}", m.status().ToString());
+    return Status::Ok();  // the batches are counted invalid; keep serving
+  }
+  if (m->tokens > 0) {
+    train_seconds_ += m->total_s;
+    train_tokens_ += m->padded_tokens;
+    broadcaster_->Publish(learner_->version(), learner_->NamedWeights());
+    Report(*m);
+  }
+  ReleaseAcks(false);
+  SendGrants();
+  uint64_t u = RlUpdates();
+  if (job_.eval.every_steps > 0 && u >= last_eval_update_ + job_.eval.every_steps) {
+    last_eval_update_ = u;
+    auto e = Evaluate();
+    if (e.ok()) {
+      SendEval(*e);
+      if (job_.stop.target_accuracy > 0 && e->accuracy >= job_.stop.target_accuracy) {
+        done_ = true;
+        done_reason_ = fmt::format("held-out accuracy {:.3f} reached the target {:.3f}",
+                                   e->accuracy, job_.stop.target_accuracy);
+      }
+    } else {
+      Log().error("evaluation failed: {}", e.status().ToString());
+    }
+  }
+  if (job_.checkpoint.every_steps > 0 && u >= last_ckpt_update_ + job_.checkpoint.every_steps) {
+    TROUPE_RETURN_IF_ERROR(Checkpoint("periodic"));
+  }
+  if (u >= job_.stop.max_steps) {
+    done_ = true;
+    done_reason_ = fmt::format("reached stop.max_steps = {}", job_.stop.max_steps);
+  }
+  if (job_.stop.max_seconds > 0 &&
+      rl_elapsed_before_ + SecondsSince(rl_t0_) >= job_.stop.max_seconds) {
+    done_ = true;
+    done_reason_ = fmt::format("reached stop.max_seconds = {}", job_.stop.max_seconds);
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+void LearnerRole::WriteSidecar(const std::string& dir) {
+  nlohmann::json j;
+  j["checkpoint"] = fs::path(dir).filename().string();
+  j["rl_start_version"] = rl_start_version_;
+  j["warm_accuracy"] = warm_accuracy_;
+  j["best_accuracy"] = best_accuracy_;
+  j["time_to_target"] = time_to_target_;
+  j["rl_elapsed"] = rl_elapsed_before_ + SecondsSince(rl_t0_);
+  j["invalid_unreadable"] = invalid_unreadable_;
+  j["invalid_unreadable_seqs"] = invalid_unreadable_seqs_;
+  nlohmann::json streams = nlohmann::json::array();
+  for (const auto& s : receiver_->Snapshot()) {
+    streams.push_back(
+        {{"sender", s.sender}, {"incarnation", s.incarnation}, {"next", s.next_expected}});
+  }
+  j["streams"] = streams;
+  std::string tmp = dir + "/actor_state.json.tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+  }
+  fs::rename(tmp, dir + "/actor_state.json");
+}
+
+bool LearnerRole::ReadSidecar() {
+  std::error_code ec;
+  fs::path latest = fs::path(ckpt_root_) / "latest";
+  if (!fs::exists(latest, ec)) return false;
+  std::ifstream in(fs::canonical(latest, ec) / "actor_state.json");
+  if (!in) return false;
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) return false;
+  rl_start_version_ = j.value("rl_start_version", uint64_t{0});
+  warm_accuracy_ = j.value("warm_accuracy", -1.0);
+  best_accuracy_ = j.value("best_accuracy", -1.0);
+  time_to_target_ = j.value("time_to_target", -1.0);
+  rl_elapsed_before_ = j.value("rl_elapsed", 0.0);
+  invalid_unreadable_ = j.value("invalid_unreadable", uint64_t{0});
+  invalid_unreadable_seqs_ = j.value("invalid_unreadable_seqs", uint64_t{0});
+  std::vector<transport::StreamState> streams;
+  for (const auto& s : j.value("streams", nlohmann::json::array())) {
+    streams.push_back(
+        {s.value("sender", ""), s.value("incarnation", uint64_t{0}), s.value("next", uint64_t{1})});
+  }
+  receiver_->Restore(streams);
+  return true;
+}
+
+Status LearnerRole::Checkpoint(const char* why) {
+  auto t0 = std::chrono::steady_clock::now();
+  ReleaseAcks(false);  // decide what can be decided before the snapshot
+  auto dir = learner_->SaveCheckpoint(ckpt_root_);
+  if (!dir.ok()) return dir.status().WithContext("checkpoint");
+  WriteSidecar(*dir);
+  last_ckpt_update_ = RlUpdates();
+  ReleaseAcks(true);
+  Log().info("checkpoint ({}) at update {}, version {}: {} ({:.0f} ms)", why, RlUpdates(),
+             learner_->version(), *dir, SecondsSince(t0) * 1e3);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- run
+
+void LearnerRole::Finish() {
+  auto c = learner_->counters();
+  double elapsed = rl_elapsed_before_ + SecondsSince(rl_t0_);
+  std::map<std::string, double> summary = {
+      {"warm_accuracy", warm_accuracy_},
+      {"best_accuracy", best_accuracy_},
+      {"final_accuracy", last_accuracy_},
+      {"target_accuracy", job_.stop.target_accuracy},
+      {"time_to_target_s", time_to_target_},
+      {"steps", static_cast<double>(RlUpdates())},
+      {"elapsed_s", elapsed},
+      {"gen_tokens_per_s", elapsed > 0 ? received_response_tokens_ / elapsed : 0},
+      {"train_tokens_per_s", train_seconds_ > 0 ? train_tokens_ / train_seconds_ : 0},
+      {"train_seconds", train_seconds_}};
+  rt_.SendMetrics("summary", RlUpdates(), learner_->version(), summary);
+  std::map<std::string, double> fin = {
+      {"trained", static_cast<double>(c.trained_sequences)},
+      {"dropped_stale", static_cast<double>(c.dropped_stale_sequences)},
+      {"dropped_invalid",
+       static_cast<double>(c.dropped_invalid_sequences + invalid_unreadable_seqs_)},
+      {"unreadable_batches", static_cast<double>(invalid_unreadable_)},
+      {"queued_sequences", static_cast<double>(c.accepted_sequences - c.trained_sequences -
+                                               std::min(c.accepted_sequences - c.trained_sequences,
+                                                        c.dropped_stale_sequences))},
+      {"duplicates", static_cast<double>(c.duplicate_batches)}};
+  rt_.SendMetrics("final", RlUpdates(), learner_->version(), fin);
+  Log().info(
+      "done ({}): {} updates, best accuracy {:.3f}, trained {} sequences, dropped {} stale / {} "
+      "invalid",
+      done_reason_, RlUpdates(), best_accuracy_, c.trained_sequences, c.dropped_stale_sequences,
+      c.dropped_invalid_sequences);
+}
+
+Status LearnerRole::Run() {
+  TROUPE_RETURN_IF_ERROR(Setup());
+  TROUPE_RETURN_IF_ERROR(rt_.Register(Deadline::InMs(60000)));
+  bool resumed = false;
+  std::error_code ec;
+  if (fs::exists(fs::path(ckpt_root_) / "latest", ec)) {
+    Status s = learner_->LoadCheckpoint(ckpt_root_);
+    if (!s.ok()) return s.WithContext("resume from " + ckpt_root_);
+    resumed = ReadSidecar();
+    last_ckpt_update_ = RlUpdates();
+    last_eval_update_ = RlUpdates();
+    Log().info("resumed from checkpoint: version {}, {} RL updates", learner_->version(),
+               RlUpdates());
+    rt_.SendMetrics("resume", RlUpdates(), learner_->version(),
+                    {{"version", static_cast<double>(learner_->version())}});
+  }
+  if (!resumed) {
+    TROUPE_RETURN_IF_ERROR(WarmStart());
+    rl_start_version_ = learner_->version();
+    rl_t0_ = std::chrono::steady_clock::now();
+    TROUPE_RETURN_IF_ERROR(Checkpoint("after warm start"));
+  }
+  rl_t0_ = std::chrono::steady_clock::now();
+  broadcaster_->Publish(learner_->version(), learner_->NamedWeights());
+  rt_.SetPolicyVersion(learner_->version());
+  Log().info("RL starts at version {} (max policy lag {}, {} groups x {} samples per update)",
+             learner_->version(), job_.trainer.effective_max_policy_lag(),
+             job_.batch.prompts_per_update, job_.batch.samples_per_prompt);
+  auto last_stats = std::chrono::steady_clock::now();
+  while (!done_ && !rt_.should_exit()) {
+    bool ready = learner_->ReadyToStep();
+    auto d = receiver_->Recv(Deadline::InMs(ready ? 0 : 20));
+    if (d.ok()) {
+      HandleDelivery(std::move(d).value());
+      // Take everything already waiting before stepping.
+      for (int i = 0; i < 256; ++i) {
+        auto more = receiver_->Recv(Deadline::Now());
+        if (!more.ok()) break;
+        HandleDelivery(std::move(more).value());
+      }
+    }
+    if (learner_->ReadyToStep()) TROUPE_RETURN_IF_ERROR(TrainStep());
+    if (rt_.TakeCheckpointRequest()) TROUPE_RETURN_IF_ERROR(Checkpoint("requested"));
+    if (SecondsSince(last_stats) > 0.5) {
+      last_stats = std::chrono::steady_clock::now();
+      auto c = learner_->counters();
+      rt_.SetStats({{"version", static_cast<double>(learner_->version())},
+                    {"updates", static_cast<double>(RlUpdates())},
+                    {"queued_batches", static_cast<double>(c.queued_batches)},
+                    {"trained", static_cast<double>(c.trained_sequences)},
+                    {"dropped_stale", static_cast<double>(c.dropped_stale_sequences)},
+                    {"dropped_invalid", static_cast<double>(c.dropped_invalid_sequences)},
+                    {"credits_granted", static_cast<double>(credits_->granted())},
+                    {"broadcast_failures", static_cast<double>(broadcaster_->failures())}});
+      if (job_.stop.max_seconds > 0 &&
+          rl_elapsed_before_ + SecondsSince(rl_t0_) >= job_.stop.max_seconds) {
+        done_ = true;
+        done_reason_ = fmt::format("reached stop.max_seconds = {}", job_.stop.max_seconds);
+      }
+    }
+  }
+  if (!done_) done_reason_ = std::string("asked to exit: ") + ExitReasonName(rt_.exit_reason());
+  if (rt_.exit_reason() == ExitReason::kHeadLost) return Status::Ok();  // nobody to report to
+  // A final evaluation unless one just ran, then the last checkpoint (acks).
+  if (last_eval_update_ != RlUpdates() || last_accuracy_ < 0) {
+    auto e = Evaluate();
+    if (e.ok()) SendEval(*e);
+  }
+  TROUPE_RETURN_IF_ERROR(Checkpoint("final"));
+  broadcaster_->WaitIdle(Deadline::InMs(5000));
+  Finish();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunLearner(ActorRuntime& runtime, transport::Network& network, JobContext& ctx) {
+  LearnerRole role(runtime, network, ctx);
+  return role.Run();
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,50 @@
+#include "role_common.h"
+
+namespace troupe::actors {
+
+Result<std::unique_ptr<JobContext>> MakeJobContext(launcher::JobConfig job,
+                                                   const std::string& run_dir,
+                                                   const std::string& bind_host) {
+  auto ctx = std::make_unique<JobContext>();
+  ctx->job = std::move(job);
+  ctx->run_dir = run_dir;
+  ctx->bind_host = bind_host;
+  TROUPE_ASSIGN_OR_RETURN(ctx->tokenizer, engine::CharTokenizer::Create(
+                                              launcher::TokenizerAlphabet(ctx->job.tokenizer)));
+  ctx->renderer = std::make_unique<envs::Renderer>(*ctx->tokenizer, envs::ChatFormat::Compact());
+  TROUPE_ASSIGN_OR_RETURN(auto registry, envs::TaskRegistry::Create(ctx->job.tasks));
+  ctx->tasks = registry;
+  for (const auto& t : ctx->job.tasks) {
+    const envs::Task* task = registry->Find(t.name);
+    if (!task) return Internal("task '{}' missing from the registry", t.name);
+    ctx->task_list.push_back(task);
+  }
+  return ctx;
+}
+
+uint64_t DeriveSeed(uint64_t job_seed, const std::string& label, uint64_t salt) {
+  // FNV-1a over the label, mixed with the seeds (splitmix64 finaliser).
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : label) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  uint64_t z = h ^ (job_seed * 0x9E3779B97F4A7C15ull) ^ (salt + 0x632BE59BD9B4E019ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double RateMeter::Update() {
+  auto now = std::chrono::steady_clock::now();
+  double dt = std::chrono::duration<double>(now - last_).count();
+  if (dt < 0.5) return rate_;
+  double r = pending_ / dt;
+  rate_ = first_ ? r : 0.5 * rate_ + 0.5 * r;
+  first_ = false;
+  pending_ = 0;
+  last_ = now;
+  return rate_;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,58 @@
+// Shared pieces of the three roles (private to actors/).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/engine/tokenizer.h"
+#include "troupe/envs/renderer.h"
+#include "troupe/envs/task.h"
+#include "troupe/envs/tasks.h"
+#include "troupe/launcher/job_config.h"
+
+namespace troupe::actors {
+
+// Everything derived from the job config that several roles need.
+struct JobContext {
+  launcher::JobConfig job;
+  std::string run_dir;
+  std::string bind_host = "127.0.0.1";  // address this actor binds and advertises
+  std::unique_ptr<engine::CharTokenizer> tokenizer;
+  std::unique_ptr<envs::Renderer> renderer;
+  std::shared_ptr<const envs::TaskRegistry> tasks;
+  std::vector<const envs::Task*> task_list;  // in config order
+
+  // "tcp://<bind_host>:0"
+  std::string AnyPort() const { return "tcp://" + bind_host + ":0"; }
+};
+
+// Builds tokenizer, renderer and tasks from a validated job config.
+Result<std::unique_ptr<JobContext>> MakeJobContext(launcher::JobConfig job,
+                                                   const std::string& run_dir,
+                                                   const std::string& bind_host);
+
+// A 64-bit seed derived from the job seed and a label (actor id, purpose).
+uint64_t DeriveSeed(uint64_t job_seed, const std::string& label, uint64_t salt = 0);
+
+// Seconds since an epoch (steady clock).
+inline double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Exponentially smoothed rate (events per second) over ~1 s windows.
+class RateMeter {
+ public:
+  void Add(double n) { pending_ += n; }
+  // Folds what was added since the last call into the rate; returns it.
+  double Update();
+  double rate() const { return rate_; }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  double pending_ = 0, rate_ = 0;
+  bool first_ = true;
+};
+
+}  // namespace troupe::actors
