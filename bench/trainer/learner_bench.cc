@@ -11,7 +11,8 @@
 //                clip + AdamW and nothing else. learner / raw_loop shows what
 //                validation, packing, the full decoupled loss and metrics cost.
 //   python       the peer: bench/trainer/torch_train_peer.py, the same step in
-//                plain PyTorch (when python3-torch is installed)
+//                plain PyTorch (when python3-torch is installed), run between
+//                three rounds of the learner; ratio of the medians
 //   threads      the learner at 2 intra-op threads (default is 1)
 //
 //   allocator    --no-allocator-tuning leaves glibc malloc at its defaults
@@ -240,26 +241,44 @@ int Main(int argc, char** argv) {
               kSamples, static_cast<long long>(tokens_per_step));
 
   // Learner and raw loop alternate step by step, so load from other processes
-  // hits both alike; medians of per-step times resist load spikes.
+  // hits both alike; medians of per-step times resist load spikes. The Python
+  // peer runs between rounds of the same measurement for the same reason.
   LearnerRunner learner(batches, o.tune_allocator);
   RawLoop raw(batches);
-  std::vector<double> t_learner, t_raw, fwd, bwd, opt, other;
-  const int warmup = 3;
-  for (int i = 0; i < warmup + o.steps; ++i) {
+  std::vector<double> t_learner, t_raw, fwd, bwd, opt, other, py_rounds, l_rounds;
+  const int warmup = 3, rounds = 3;
+  const int per_round = std::max(1, o.steps / rounds);
+  for (int i = 0; i < warmup; ++i) {
     double dt = 0;
-    StepMetrics m = learner.Step(&dt);
-    const double dr = raw.Step();
-    if (i < warmup) continue;
-    t_learner.push_back(dt);
-    t_raw.push_back(dr);
-    fwd.push_back(m.forward_s / dt);
-    bwd.push_back(m.backward_s / dt);
-    opt.push_back(m.optimizer_s / dt);
-    other.push_back(std::max(0.0, dt - m.forward_s - m.backward_s - m.optimizer_s) / dt);
+    learner.Step(&dt);
+    raw.Step();
+  }
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<double> t_round;
+    for (int i = 0; i < per_round; ++i) {
+      double dt = 0;
+      StepMetrics m = learner.Step(&dt);
+      const double dr = raw.Step();
+      t_learner.push_back(dt);
+      t_round.push_back(dt);
+      t_raw.push_back(dr);
+      fwd.push_back(m.forward_s / dt);
+      bwd.push_back(m.backward_s / dt);
+      opt.push_back(m.optimizer_s / dt);
+      other.push_back(std::max(0.0, dt - m.forward_s - m.backward_s - m.optimizer_s) / dt);
+    }
+    l_rounds.push_back(static_cast<double>(tokens_per_step) / Median(t_round));
+    if (o.python) {
+      const double p = PythonPeer(per_round);
+      if (p > 0) py_rounds.push_back(p);
+    }
   }
   const double step_s = Median(t_learner);
   const double l1 = static_cast<double>(tokens_per_step) / step_s;
   const double raw_tok_s = static_cast<double>(tokens_per_step) / Median(t_raw);
+  // Python against the learner rounds measured next to it.
+  const double py = py_rounds.size() == static_cast<size_t>(rounds) ? Median(py_rounds) : -1;
+  const double l_next_to_py = Median(l_rounds);
   // Two intra-op threads (the default is one; see docs/trainer.md).
   at::set_num_threads(2);
   LearnerRunner learner2(batches, o.tune_allocator);
@@ -271,7 +290,6 @@ int Main(int argc, char** argv) {
   }
   const double l2 = static_cast<double>(tokens_per_step) / Median(t2);
   at::set_num_threads(1);
-  const double py = o.python ? PythonPeer(o.steps) : -1;
 
   std::printf(
       "learner (1 thread):  %8.0f tok/s  (%.1f ms/step; forward %.0f%%, backward %.0f%%, "
@@ -297,9 +315,11 @@ int Main(int argc, char** argv) {
   j["learner_2threads_tok_s"] = l2;
   j["threads2_vs_1"] = l2 / l1;
   if (py > 0) {
-    std::printf("python pytorch step: %8.0f tok/s  -> learner %.2fx\n", py, l1 / py);
+    std::printf(
+        "python pytorch step: %8.0f tok/s  -> learner %.2fx (%.0f tok/s in the same rounds)\n", py,
+        l_next_to_py / py, l_next_to_py);
     j["python_tok_s"] = py;
-    j["learner_vs_python"] = l1 / py;
+    j["learner_vs_python"] = l_next_to_py / py;
   } else {
     std::printf("python pytorch step: skipped (python3-torch not installed or --no-python)\n");
     j["python_tok_s"] = nullptr;

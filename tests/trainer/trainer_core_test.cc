@@ -282,6 +282,9 @@ TEST(BatchValidation, ColumnsAndRanges) {
   EXPECT_THAT(ValidateTrainBatch(TrainBatch{}, {32, 0}).message(), HasSubstr("no sequences"));
   // The batch id is named in every message.
   EXPECT_THAT(msg(b), HasSubstr("batch 'r0/1'"));
+  b = GoodBatch();
+  b.batch_id.clear();
+  EXPECT_THAT(msg(b), HasSubstr("batch_id is empty"));
 }
 
 TEST(Packing, LayoutMatchesTheDefinition) {

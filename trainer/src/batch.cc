@@ -115,6 +115,9 @@ Status ValidateTrainBatch(const TrainBatch& b, const BatchLimits& limits) {
   const int64_t n = b.num_sequences();
   const size_t tokens = b.response_tokens.size();
   auto fail = [&](Status s) { return s.WithContext(fmt::format("batch '{}'", b.batch_id)); };
+  if (b.batch_id.empty()) {
+    return fail(InvalidArgument("batch_id is empty (the learner deduplicates batches by id)"));
+  }
   if (b.behaviour_logprobs.size() != tokens) {
     return fail(
         InvalidArgument("behaviour_logprobs has {} entries, expected one per response "

@@ -61,11 +61,11 @@ struct BatchLimits {
   int64_t max_sequence_tokens = 0;
 };
 
-// Checks everything the learner relies on: offsets (start at 0, non-decreasing,
-// end at the column sizes), column sizes agree, token ids in range, every
-// prompt non-empty, sequence length within the limit, loss mask 0/1, finite
-// behaviour log-probs <= 0 on trained tokens, group layout, and rewards: exactly
-// one per sequence and all finite. The error names the field, index and value.
+// Checks everything the learner relies on: a non-empty batch_id, offsets (start at 0,
+// non-decreasing, end at the column sizes), column sizes agree, token ids in range, every prompt
+// non-empty, sequence length within the limit, loss mask 0/1, finite behaviour log-probs <= 0 on
+// trained tokens, group layout, and rewards: exactly one per sequence and all finite. The error
+// names the field, index and value.
 Status ValidateTrainBatch(const TrainBatch& batch, const BatchLimits& limits);
 // Only the reward checks (shape, finiteness) of ValidateTrainBatch.
 Status ValidateRewards(const TrainBatch& batch);
