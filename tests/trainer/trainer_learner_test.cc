@@ -110,6 +110,45 @@ TEST(Learner, StepRaisesRewardedAndLowersPunished) {
   }
 }
 
+TEST(Learner, MicroBatchingDoesNotChangeTheUpdate) {
+  // Gradient accumulation is normalised by the update's token (or sequence)
+  // count: one big micro-batch and many tiny ones give the same step.
+  for (auto agg : {LossAggregation::kTokenMean, LossAggregation::kSequenceMean}) {
+    std::vector<SeqSpec> seqs = {{kPrompt, kRespA, 1.0f},
+                                 {kPrompt, {9, 2}, 0.0f},
+                                 {{1, 7, 3}, {4, 5, 6, 7, 8, 2}, 0.5f},
+                                 {{1, 7, 3}, {11}, 0.0f}};
+    auto run = [&](int64_t budget, int64_t* micro) {
+      LearnerConfig c = TestConfig();
+      c.aggregation = agg;
+      c.micro_batch_tokens = budget;
+      auto l = MakeLearner(c, 4);
+      auto adm = l->Offer(OnPolicyBatch(l->policy(), "mb", 0, 2, seqs));
+      EXPECT_TRUE(adm.ok()) << adm.status().ToString();
+      auto m = l->Step();
+      EXPECT_TRUE(m.ok());
+      *micro = m->micro_batches;
+      // The accumulated gradients stay on the parameters until the next update.
+      // (Weights are not compared: Adam's first step is ~lr * sign(g), which
+      // float rounding can flip where g is ~0.)
+      std::vector<at::Tensor> g;
+      for (auto& p : l->policy().parameters()) g.push_back(p.grad().clone());
+      return std::make_pair(*m, g);
+    };
+    int64_t one = 0, many = 0;
+    auto [m1, g1] = run(8192, &one);
+    auto [m2, g2] = run(8, &many);
+    EXPECT_EQ(one, 1);
+    EXPECT_EQ(many, 4);
+    EXPECT_NEAR(m1.loss, m2.loss, 1e-6) << Name(agg);
+    EXPECT_NEAR(m1.grad_norm, m2.grad_norm, 1e-5 * m1.grad_norm) << Name(agg);
+    ASSERT_EQ(g1.size(), g2.size());
+    for (size_t i = 0; i < g1.size(); ++i) {
+      EXPECT_TRUE(at::allclose(g1[i], g2[i], 1e-4, 1e-7)) << Name(agg) << " tensor " << i;
+    }
+  }
+}
+
 TEST(Learner, OnPolicyRatioIsOne) {
   LearnerConfig c = TestConfig();
   auto l = MakeLearner(c);

@@ -598,6 +598,13 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
   m.step = step;
   m.version = version;
   m.total_s = Seconds(t0, SteadyClock::now());
+  if (Log().should_log(spdlog::level::debug)) {
+    Log().debug(
+        "update {} (version {}): loss {:.4f} reward {:.3f} tokens {} clip {:.3f} "
+        "is_w {:.3f} mismatch {:.2e} grad {:.3f} {:.0f} ms",
+        m.step, m.version, m.loss, m.reward_mean, m.tokens, m.clip_fraction, m.is_weight_mean,
+        m.logprob_mismatch_max, m.grad_norm, 1e3 * m.total_s);
+  }
   return m;
 }
 
