@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -94,11 +95,11 @@ class WeightReceiver::Impl {
   void ResetGroup();
   void FormGroup(const proto::GroupMsg& g, int rank);
   void RunTransfer(const proto::ManifestMsg& manifest);
-  Status ReceiveInto(const proto::ManifestMsg& manifest, const std::shared_ptr<FlatBuffer>& buf,
-                     bool catch_up);
+  Status ReceiveInto(const proto::ManifestMsg& manifest, bool catch_up);
   Status ReceiveStream(const Layout& layout, const std::shared_ptr<FlatBuffer>& buf, bool relay);
+  // `views`: ready-made tensors over `data` (shm zero copy), else unpacked here.
   Status Deliver(const Layout& layout, const uint8_t* data, std::shared_ptr<void> owner,
-                 bool catch_up);
+                 bool catch_up, const NamedTensors* views = nullptr);
   void Progress(uint64_t version, uint64_t received, uint64_t total) {
     if (hooks_.on_progress) hooks_.on_progress(version, received, total);
   }
@@ -163,6 +164,11 @@ class WeightReceiver::Impl {
   std::shared_ptr<NcclGroup> nccl_;
 #endif
   std::unique_ptr<ShmReader> shm_;
+  struct ShmViews {
+    Layout layout;
+    NamedTensors named;
+  };
+  std::map<uint64_t, ShmViews> shm_views_;  // by slot offset; cleared before shm_ changes
   BufferPool pool_{3};
   BufferPool cast_pool_{3};
   std::deque<proto::Message> pending_;
@@ -520,10 +526,7 @@ void WeightReceiver::Impl::RunTransfer(const proto::ManifestMsg& manifest) {
   } else {
     st = layout.ValidateReceived(config_.max_bytes);
   }
-  if (st.ok()) {
-    auto buf = pool_.Get(layout.total_bytes);
-    st = buf.ok() ? ReceiveInto(manifest, *buf, catch_up) : buf.status();
-  }
+  if (st.ok()) st = ReceiveInto(manifest, catch_up);
   if (st.code() == Code::kCancelled || st.code() == Code::kTimeout ||
       st.code() == Code::kUnavailable) {
     Update([&]() TROUPE_REQUIRES(mu_) { ++stats_.aborted; });
@@ -540,12 +543,11 @@ void WeightReceiver::Impl::RunTransfer(const proto::ManifestMsg& manifest) {
   reply(st);
 }
 
-Status WeightReceiver::Impl::ReceiveInto(const proto::ManifestMsg& manifest,
-                                         const std::shared_ptr<FlatBuffer>& buf, bool catch_up) {
+Status WeightReceiver::Impl::ReceiveInto(const proto::ManifestMsg& manifest, bool catch_up) {
   const Layout& layout = manifest.layout;
-  uint8_t* dst = buf->data();
   if (!catch_up && backend_ == Backend::kShm && !manifest.shm_segment.empty()) {
     if (!shm_ || shm_->name() != manifest.shm_segment) {
+      shm_views_.clear();  // they point into the old mapping
       shm_.reset();
       TROUPE_ASSIGN_OR_RETURN(shm_, ShmReader::Open(manifest.shm_segment));
     }
@@ -559,6 +561,8 @@ Status WeightReceiver::Impl::ReceiveInto(const proto::ManifestMsg& manifest,
           layout.version, shm_->Generation(manifest.shm_offset), manifest.shm_generation);
     bool zero_copy = sink_ && config_.shm_zero_copy;
     if (!zero_copy) {
+      TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<FlatBuffer> buf, pool_.Get(layout.total_bytes));
+      uint8_t* dst = buf->data();
       std::memcpy(dst, src, layout.total_bytes);
       if (torn())
         return Unavailable("shm slot of version {} was rewritten while copied", layout.version);
@@ -566,12 +570,24 @@ Status WeightReceiver::Impl::ReceiveInto(const proto::ManifestMsg& manifest,
       return Deliver(layout, dst, buf, false);
     }
     Progress(layout.version, layout.total_bytes, layout.total_bytes);
-    Status st = Deliver(layout, src, nullptr, false);
+    // Views over a slot stay valid as long as the mapping: build them once per slot and layout.
+    const NamedTensors* views = nullptr;
+    if (CastAreaBytes(layout) == 0) {
+      ShmViews& v = shm_views_[manifest.shm_offset];
+      if (!v.layout.SameTensors(layout) || v.named.size() != layout.slots.size()) {
+        TROUPE_ASSIGN_OR_RETURN(v.named, UnpackTensors(layout, src, nullptr, nullptr, nullptr));
+        v.layout = layout;
+      }
+      views = &v.named;
+    }
+    Status st = Deliver(layout, src, nullptr, false, views);
     if (st.ok() && torn())
       return Unavailable("shm slot of version {} was rewritten while the sink used it",
                          layout.version);
     return st;
   }
+  TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<FlatBuffer> buf, pool_.Get(layout.total_bytes));
+  uint8_t* dst = buf->data();
   Status st = Status::Ok();
   if (catch_up || backend_ == Backend::kZmq || backend_ == Backend::kShm) {
     bool relay = !catch_up && backend_ == Backend::kZmq && next_;
@@ -667,20 +683,26 @@ Status WeightReceiver::Impl::ReceiveStream(const Layout& layout,
 }
 
 Status WeightReceiver::Impl::Deliver(const Layout& layout, const uint8_t* data,
-                                     std::shared_ptr<void> owner, bool catch_up) {
+                                     std::shared_ptr<void> owner, bool catch_up,
+                                     const NamedTensors* views) {
   if (config_.verify_checksums) TROUPE_RETURN_IF_ERROR(VerifyChecksums(layout, data));
   if (held_from_inc_ == learner_inc_ && layout.version == held_version_ && !catch_up) {
     // The learner retried a broadcast (another member failed) that reached us the first time:
     // we took part again so the group could complete; the sink already has this version.
     return Status::Ok();
   }
-  std::shared_ptr<FlatBuffer> cast;
-  uint64_t cast_bytes = CastAreaBytes(layout);
-  if (cast_bytes > 0) {
-    TROUPE_ASSIGN_OR_RETURN(cast, cast_pool_.Get(cast_bytes));
+  NamedTensors named;
+  if (views != nullptr) {
+    named = *views;
+  } else {
+    std::shared_ptr<FlatBuffer> cast;
+    uint64_t cast_bytes = CastAreaBytes(layout);
+    if (cast_bytes > 0) {
+      TROUPE_ASSIGN_OR_RETURN(cast, cast_pool_.Get(cast_bytes));
+    }
+    TROUPE_ASSIGN_OR_RETURN(
+        named, UnpackTensors(layout, data, std::move(owner), cast ? cast->data() : nullptr, cast));
   }
-  TROUPE_ASSIGN_OR_RETURN(NamedTensors named, UnpackTensors(layout, data, std::move(owner),
-                                                            cast ? cast->data() : nullptr, cast));
   ReceivedWeights w;
   w.version = layout.version;
   w.transfer = layout.transfer;

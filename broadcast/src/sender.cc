@@ -791,59 +791,58 @@ Status WeightSender::Impl::Transfer(Deadline deadline, BroadcastReport* report) 
     m->ack_ok = false;
     endpoints.push_back(m->data_endpoint);
   }
-  // Manifests. With shm, receivers on another node get theirs over zmq (star).
+  // Manifests (encoded once). With shm, receivers on another node get theirs over zmq (star).
+  proto::ManifestMsg manifest;
+  manifest.layout = std::move(layout);
+  const proto::Bytes plain = proto::EncodeManifest(header(), manifest);
+  proto::Bytes local;
+  if (config_.backend == Backend::kShm) {
+    manifest.shm_segment = shm_->name();
+    manifest.shm_offset = shm_->slot_offset(shm_slot_);
+    manifest.shm_generation = shm_generation_;
+    local = proto::EncodeManifest(header(), manifest);
+  }
+  const Layout& sent = manifest.layout;
   std::vector<std::string> zmq_targets;
   for (const auto& id : group_) {
-    Member& m = *Find(id);
-    proto::ManifestMsg manifest;
-    manifest.layout = layout;
-    if (config_.backend == Backend::kShm) {
-      if (m.node == node_) {
-        manifest.shm_segment = shm_->name();
-        manifest.shm_offset = shm_->slot_offset(shm_slot_);
-        manifest.shm_generation = shm_generation_;
-      } else {
-        zmq_targets.push_back(m.data_endpoint);
-      }
-    }
-    if (!SendTo(id, proto::EncodeManifest(header(), manifest)))
-      return Unavailable("cannot send the manifest of version {} to {}", layout.version, id);
+    const Member& m = *Find(id);
+    bool shm_local = config_.backend == Backend::kShm && m.node == node_;
+    if (config_.backend == Backend::kShm && !shm_local) zmq_targets.push_back(m.data_endpoint);
+    if (!SendTo(id, shm_local ? local : plain))
+      return Unavailable("cannot send the manifest of version {} to {}", sent.version, id);
   }
   Status st = Status::Ok();
   switch (config_.backend) {
     case Backend::kZmq: {
       if (config_.zmq_topology == ZmqTopology::kChain) endpoints.resize(1);
-      st = SendStream(endpoints, layout, current_data_, current_owner_, deadline);
+      st = SendStream(endpoints, sent, current_data_, current_owner_, deadline);
       break;
     }
     case Backend::kShm:
       if (!zmq_targets.empty())
-        st = SendStream(zmq_targets, layout, current_data_, current_owner_, deadline);
+        st = SendStream(zmq_targets, sent, current_data_, current_owner_, deadline);
       break;
     case Backend::kGloo:
       if (!gloo_) return Internal("gloo group of epoch {} is missing", epoch_);
-      st = gloo_->Transfer(current_owner_, current_data_, layout, config_.gloo_algorithm, deadline,
+      st = gloo_->Transfer(current_owner_, current_data_, sent, config_.gloo_algorithm, deadline,
                            nullptr);
-      if (st.ok())
-        stats_.bytes_sent += config_.gloo_algorithm == GlooAlgorithm::kChain
-                                 ? layout.total_bytes
-                                 : layout.total_bytes * group_.size();
+      if (st.ok()) stats_.bytes_sent += sent.total_bytes;  // handed to gloo once
       break;
     case Backend::kNccl:
 #ifdef TROUPE_BROADCAST_HAVE_NCCL
       if (!nccl_) return Internal("nccl communicator of epoch {} is missing", epoch_);
-      st = nccl_->Transfer(current_data_, layout, deadline, [this] {
+      st = nccl_->Transfer(current_data_, sent, deadline, [this] {
         PollControl(1);
         return stopping();
       });
-      if (st.ok()) stats_.bytes_sent += layout.total_bytes;
+      if (st.ok()) stats_.bytes_sent += sent.total_bytes;
 #else
       st = Unavailable("nccl backend not built");
 #endif
       break;
   }
   if (!st.ok()) return st;
-  st = WaitAcks(group_, layout.version, layout.transfer, deadline);
+  st = WaitAcks(group_, sent.version, sent.transfer, deadline);
   report->transfer_seconds = Seconds(t0, Clock::now());
   return st;
 }

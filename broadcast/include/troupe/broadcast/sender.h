@@ -45,7 +45,9 @@ struct SenderStats {
   uint64_t catch_ups = 0;          // newcomer catch-ups completed
   uint64_t epochs = 0;             // groups formed
   uint64_t members_dropped = 0;    // receivers removed for failing, dying or leaving
-  uint64_t bytes_sent = 0;         // payload bytes the learner itself put on its link
+  // Payload bytes the learner handed to its transport: once per destination for zmq, once
+  // per transfer for gloo/nccl (gloo's own broadcast then sends more: a tree from the root).
+  uint64_t bytes_sent = 0;
 };
 
 class WeightSender {
