@@ -143,7 +143,7 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   // Tensors: reference the received frames (no copy).
   auto ref = [&](wire::Tensor::Reader src, wire::Tensor::Builder dst, const char* what) -> Status {
     TROUPE_ASSIGN_OR_RETURN(transport::TensorView v, rollout.ReadTensor(src, what));
-    return out->SetTensor(dst, v.dtype, v.shape, TensorBytes::Borrow(v.data, v.bytes, keep));
+    return out->SetTensor(dst, v.dtype, v.shape, TensorBytes::FromView(v, keep));
   };
   TROUPE_RETURN_IF_ERROR(ref(in.getPromptTokens(), r.initPromptTokens(), "promptTokens"));
   TROUPE_RETURN_IF_ERROR(ref(in.getPromptOffsets(), r.initPromptOffsets(), "promptOffsets"));

@@ -44,9 +44,9 @@ Status RunEcho(ActorRuntime& runtime, transport::Network& network, const EchoOpt
     if (req.hasPayload()) {
       auto view = in->message.ReadTensor(req.getPayload(), "payload");
       if (view.ok()) {
-        Status s = reply.SetTensor(
-            e.initPayload(), view->dtype, view->shape,
-            transport::TensorBytes::Borrow(view->data, view->bytes, in->message.KeepAlive()));
+        Status s =
+            reply.SetTensor(e.initPayload(), view->dtype, view->shape,
+                            transport::TensorBytes::FromView(*view, in->message.KeepAlive()));
         if (!s.ok()) log.warn("echo: payload not echoed: {}", s.ToString());
       }
     }

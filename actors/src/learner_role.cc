@@ -233,7 +233,13 @@ class LearnerRole {
 Status LearnerRole::Setup() {
   TROUPE_ASSIGN_OR_RETURN(
       policy_, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
-  TROUPE_ASSIGN_OR_RETURN(learner_, trainer::Learner::Create(job_.trainer, policy_));
+  std::shared_ptr<engine::LlamaModel> reference;
+  if (job_.trainer.kl_coef > 0) {
+    // The frozen reference of the KL penalty: the policy after the warm start.
+    TROUPE_ASSIGN_OR_RETURN(
+        reference, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
+  }
+  TROUPE_ASSIGN_OR_RETURN(learner_, trainer::Learner::Create(job_.trainer, policy_, reference));
   engine::EngineConfig ec;
   ec.model = job_.model;
   ec.num_slots = std::max<int32_t>(8, std::min<int32_t>(256, job_.engine.num_slots * 2));
@@ -358,6 +364,7 @@ Status LearnerRole::WarmStart() {
     }
   }
   double seconds = SecondsSince(t0);
+  learner_->SnapshotReference();  // the KL anchor (if any) is the warm-started policy
   TROUPE_ASSIGN_OR_RETURN(EvalResult e, Evaluate());
   warm_accuracy_ = e.accuracy;
   rt_.SendMetrics("warm_start", 0, learner_->version(),

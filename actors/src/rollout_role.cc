@@ -22,6 +22,7 @@
 #include "troupe/broadcast/receiver.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
+#include "troupe/envs/sampler.h"
 #include "troupe/transport/reliable.h"
 
 namespace troupe::actors {
@@ -51,6 +52,7 @@ struct GroupInfo {
 struct FinishedGroup {
   uint64_t serial = 0;
   std::vector<engine::GenerationResult> results;
+  std::chrono::steady_clock::time_point release{};  // fault injection: not sent before this
 };
 
 class RolloutRole {
@@ -92,7 +94,7 @@ class RolloutRole {
   std::optional<std::chrono::steady_clock::time_point> last_request_;
   uint64_t learner_version_ = 0;
   uint64_t next_serial_ = 0;
-  uint64_t prompt_base_ = 0;
+  std::optional<envs::PromptStream> prompts_;  // this incarnation's own weighted task mix
   std::map<uint64_t, GroupInfo> in_flight_;
   std::mutex done_mu_;
   std::deque<FinishedGroup> done_;  // filled on the engine thread
@@ -102,6 +104,8 @@ class RolloutRole {
   // Accounting (sequences).
   std::atomic<uint64_t> generated_{0}, resolved_{0}, rejected_{0};
   uint64_t rejected_groups_ = 0;
+  bool slow_ = false;  // fault injection (rollout.slow_actor)
+  std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;
   std::atomic<uint64_t> outcomes_{0};
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
@@ -109,8 +113,16 @@ class RolloutRole {
 
 Status RolloutRole::Setup() {
   id_ = rt_.options().actor_id;
+  slow_ = !job_.rollout_settings.slow_actor.empty() && job_.rollout_settings.slow_actor == id_ &&
+          job_.rollout_settings.slow_ms_per_group > 0;
+  if (slow_)
+    Log().warn("fault injection: holding every group {} ms",
+               job_.rollout_settings.slow_ms_per_group);
   incarnation_ = net_.identity().incarnation;
-  prompt_base_ = DeriveSeed(job_.seed, id_ + "/prompts", incarnation_) % (uint64_t{1} << 40);
+  TROUPE_ASSIGN_OR_RETURN(
+      prompts_,
+      envs::PromptStream::Create(ctx_.tasks, job_.tasks,
+                                 DeriveSeed(job_.seed, id_ + "/prompts", incarnation_), 0, 1));
   engine::EngineConfig ec;
   ec.model = job_.model;
   ec.num_slots = job_.engine.num_slots;
@@ -248,10 +260,10 @@ Status RolloutRole::SubmitGroups() {
   if (engine_->version() < credit_version_) return Status::Ok();
   while (credits_ > 0 && in_flight_.size() < job_.rollout_settings.max_groups_in_flight) {
     uint64_t serial = next_serial_++;
-    const envs::Task* task = ctx_.task_list[serial % ctx_.task_list.size()];
+    envs::TaskPrompt tp = prompts_->Next();
     GroupInfo g;
-    g.task = task;
-    g.prompt = task->GetPrompt(envs::Split::kTrain, prompt_base_ + serial);
+    g.task = tp.task;
+    g.prompt = std::move(tp.prompt);
     g.prompt_text = ctx_.renderer->PromptText(g.prompt.messages);
     auto ids = ctx_.renderer->RenderPrompt(g.prompt.messages);
     if (!ids.ok()) return ids.status().WithContext("rendering prompt " + g.prompt.id);
@@ -304,13 +316,25 @@ void RolloutRole::CollectFinished() {
     int64_t tokens = 0;
     for (const auto& r : g.results) tokens += r.num_new_tokens;
     token_rate_.Add(static_cast<double>(tokens));
+    if (slow_) {
+      // A slow node: each group takes slow_ms_per_group longer (serially).
+      auto base = std::max(std::chrono::steady_clock::now(), slow_until_);
+      slow_until_ = base + std::chrono::milliseconds(job_.rollout_settings.slow_ms_per_group);
+      g.release = slow_until_;
+    }
     ready_.push_back(std::move(g));
   }
 }
 
 Status RolloutRole::SendReady(bool flush_all) {
   const size_t per = job_.batch.groups_per_message;
-  while (ready_.size() >= per || (flush_all && !ready_.empty())) {
+  auto now = std::chrono::steady_clock::now();
+  auto released = [&] {
+    size_t n = 0;
+    while (n < ready_.size() && ready_[n].release <= now) ++n;
+    return n;
+  };
+  while (released() >= per || (flush_all && !ready_.empty())) {
     size_t take = std::min(per, ready_.size());
     std::vector<SequenceRecord> seqs;
     RolloutBatchInfo info;

@@ -261,6 +261,10 @@ void Describe(Binder& b, RolloutSettings& c) {
           "re-ask the learner for credits after this silence");
   b.Field("drain_timeout_ms", &c.drain_timeout_ms,
           "on drain: time to finish and deliver in-flight work");
+  b.Field("slow_actor", &c.slow_actor,
+          "fault injection: this rollout actor holds each finished group slow_ms_per_group");
+  b.Field("slow_ms_per_group", &c.slow_ms_per_group,
+          "fault injection: delay per group of slow_actor (ms)");
 }
 void Describe(Binder& b, RewardSettings& c) {
   b.Field("outbox_messages", &c.outbox_messages,

@@ -37,6 +37,10 @@ struct RolloutSettings {
   uint32_t outbox_messages = 256;  // unacknowledged batches an actor holds before it blocks
   uint32_t credit_timeout_ms = 1000;  // re-ask the learner for credits after this silence
   uint32_t drain_timeout_ms = 10000;  // on drain: time to finish and deliver in-flight work
+  // Fault injection (tests, demos): the actor with this id holds every
+  // finished group for slow_ms_per_group before sending it, as a slow node would.
+  std::string slow_actor;
+  uint32_t slow_ms_per_group = 0;
 };
 
 // Reward actors' own settings.

@@ -1,0 +1,342 @@
+// End-to-end tests: `troupe run` with the default job's actors as real
+// processes. Each test runs a short job (bounded by update count, never by
+// wall time), then checks what the run folder says: metrics.jsonl (train,
+// eval, summary, job_summary lines) and the actor logs.
+//
+//   * a short job learns, every trained batch is within max_policy_lag, and
+//     the accounting invariant holds;
+//   * SIGKILL of a rollout actor, a reward actor or the learner mid-run: the
+//     actor is restarted (the learner from its checkpoint) and the job
+//     completes; nothing the reward actor held is lost;
+//   * SIGKILL of the head: every actor exits within the grace period;
+//   * a deliberately slowed rollout actor produces stale batches that the
+//     learner rejects and counts, and throttling keeps the drop rate low;
+//   * scale rollout up and down while the job runs.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "troupe/launcher/control_client.h"
+#include "troupe/launcher/run_dir.h"
+#include "troupe/launcher/subprocess.h"
+
+namespace troupe::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string BuildDir() {
+  const char* b = std::getenv("TROUPE_BUILD_DIR");
+  return b ? b : "build";
+}
+std::string SourceDir() {
+  const char* s = std::getenv("TROUPE_SOURCE_DIR");
+  return s ? s : ".";
+}
+
+template <typename Pred>
+bool Eventually(Pred pred, int timeout_ms) {
+  auto d = Deadline::InMs(timeout_ms);
+  while (!d.expired()) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling other processes
+  }
+  return pred();
+}
+
+bool Alive(int pid) {
+  return pid > 0 && ::kill(pid, 0) == 0;
+}
+
+// One `troupe run` of the default job with overrides, in a private runs dir.
+class Job {
+ public:
+  explicit Job(std::vector<std::string> sets, const std::string& name) {
+    dir_ = fs::path(::testing::TempDir()) / ("e2e." + name + "." + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    SpawnOptions o;
+    o.argv = {BuildDir() + "/launcher/troupe", "--runs-dir", runs(), "run",
+              SourceDir() + "/configs/tiny_reverse.yaml"};
+    for (auto& s : sets) {
+      o.argv.push_back("--set");
+      o.argv.push_back(s);
+    }
+    o.output_file = (dir_ / "troupe.out").string();
+    o.term_grace_ms = 20000;
+    auto p = Subprocess::Spawn(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (p.ok()) proc_ = std::make_unique<Subprocess>(std::move(p).value());
+  }
+  ~Job() {
+    if (proc_) proc_->Stop();
+    // Whatever a test killed the head for: no actor may survive it.
+    for (int pid : pids_) {
+      if (Alive(pid)) {
+        ADD_FAILURE() << "actor pid " << pid << " survived the test";
+        ::kill(pid, SIGKILL);
+      }
+    }
+    if (!::testing::Test::HasFailure()) fs::remove_all(dir_);
+  }
+  std::string runs() const { return (dir_ / "runs").string(); }
+  Subprocess& proc() { return *proc_; }
+  Result<RunDir> run() const { return ResolveRunDir(runs(), ""); }
+
+  // Waits until the head answers and `pred(status)` holds.
+  bool WaitStatus(const std::function<bool(const ControlResult&)>& pred, int timeout_ms) {
+    return Eventually(
+        [&] {
+          auto r = run();
+          if (!r.ok() || !fs::exists(r->head_file())) return false;
+          auto st = SendControl(*r, "status", Deadline::InMs(2000));
+          if (!st.ok()) return false;
+          for (auto& a : st->actors)
+            if (a.pid > 0) pids_.insert(a.pid);
+          return pred(*st);
+        },
+        timeout_ms);
+  }
+  int PidOf(const std::string& id) {
+    int pid = 0;
+    WaitStatus(
+        [&](const ControlResult& st) {
+          for (auto& a : st.actors)
+            if (a.id == id && a.state == "ready") pid = a.pid;
+          return pid > 0;
+        },
+        120000);
+    return pid;
+  }
+  ExitInfo Wait(int timeout_ms) {
+    auto e = proc_->Wait(Deadline::InMs(timeout_ms));
+    EXPECT_TRUE(e.ok()) << "troupe run did not finish: " << e.status().ToString() << "\n"
+                        << Output();
+    return e.ok() ? *e : ExitInfo{};
+  }
+  std::string Output() const {
+    auto t = ReadFile((dir_ / "troupe.out").string());
+    return t.ok() ? *t : "";
+  }
+  std::vector<json> Metrics(const std::string& kind) const {
+    std::vector<json> out;
+    auto r = run();
+    if (!r.ok()) return out;
+    std::ifstream in(r->metrics());
+    for (std::string line; std::getline(in, line);) {
+      auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
+    }
+    return out;
+  }
+  std::set<int>& pids() { return pids_; }
+
+ private:
+  fs::path dir_;
+  std::unique_ptr<Subprocess> proc_;
+  std::set<int> pids_;
+};
+
+// Settings every e2e job shares: short, bounded by updates, frequent
+// checkpoints (so restarts resume recently), quick liveness.
+std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}) {
+  std::vector<std::string> s = {"stop.max_steps=" + std::to_string(max_steps),
+                                "stop.target_accuracy=0",
+                                "stop.max_seconds=0",
+                                "eval.every_steps=10",
+                                "checkpoint.every_steps=10",
+                                "head.heartbeat_interval_ms=200",
+                                "head.heartbeat_timeout_ms=4000",
+                                "head.head_grace_ms=4000",
+                                "rollout.restart_backoff_ms=100",
+                                "reward.restart_backoff_ms=100",
+                                "learner.restart_backoff_ms=100"};
+  s.insert(s.end(), more.begin(), more.end());
+  return s;
+}
+
+void ExpectAccountingHolds(const Job& job) {
+  auto js = job.Metrics("job_summary");
+  ASSERT_EQ(js.size(), 1u) << job.Output();
+  auto a = js[0]["accounting"];
+  double gen = a.value("generated", 0.0), tr = a.value("trained", 0.0),
+         st = a.value("dropped_stale", 0.0), inv = a.value("dropped_invalid", 0.0),
+         inf = a.value("in_flight", 0.0), lost = a.value("lost_with_actor", 0.0);
+  EXPECT_GT(gen, 0);
+  EXPECT_GT(tr, 0);
+  EXPECT_NEAR(gen, tr + st + inv + inf + lost, 0.5) << "accounting: " << a.dump() << "\n"
+                                                    << job.Output();
+}
+
+TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
+  Job job(Short(120), "learns");
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  // Learning: the held-out reward rises above the warm start.
+  auto warm = job.Metrics("warm_start");
+  auto evals = job.Metrics("eval");
+  ASSERT_EQ(warm.size(), 1u);
+  ASSERT_GE(evals.size(), 5u);
+  double start = warm[0].value("eval_accuracy", 0.0);
+  double best = 0;
+  for (auto& ev : evals) best = std::max(best, ev.value("eval_accuracy", 0.0));
+  EXPECT_GT(best, start + 0.05) << "held-out accuracy did not rise: warm start " << start
+                                << ", best " << best;
+  // Every trained batch was within max_policy_lag.
+  auto trains = job.Metrics("train");
+  ASSERT_FALSE(trains.empty());
+  for (auto& t : trains) {
+    EXPECT_LE(t.value("lag_max", 99.0), 2.0) << t.dump();
+    auto hist = t["extra"]["lag_histogram"];
+    EXPECT_LE(hist.size(), 3u) << t.dump();
+  }
+  ExpectAccountingHolds(job);
+  // The summary names the figures the README quotes.
+  auto sum = job.Metrics("summary");
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_GT(sum[0].value("gen_tokens_per_s", 0.0), 0);
+  EXPECT_GT(sum[0].value("train_tokens_per_s", 0.0), 0);
+}
+
+TEST(EndToEnd, KilledRolloutAndRewardActorsAreReplacedAndNothingIsLost) {
+  Job job(Short(100), "kill_workers");
+  int rollout = job.PidOf("rollout-1");
+  ASSERT_GT(rollout, 0) << job.Output();
+  // Wait until training is under way, then kill a rollout and the reward actor.
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        return st.progress.count("step") && st.progress.at("step") >= 20;
+      },
+      300000));
+  int reward = job.PidOf("reward-0");
+  ASSERT_EQ(::kill(rollout, SIGKILL), 0);
+  ASSERT_EQ(::kill(reward, SIGKILL), 0);
+  ASSERT_TRUE(job.WaitStatus(
+      [&](const ControlResult& st) {
+        int back = 0;
+        for (auto& a : st.actors)
+          if ((a.id == "rollout-1" || a.id == "reward-0") && a.restarts >= 1 && a.state == "ready")
+            ++back;
+        return back == 2;
+      },
+      120000))
+      << job.Output();
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  // The reward actor held batches when it died; they were re-sent, not lost:
+  // nothing counts as lost except what the killed rollout actor itself held.
+  auto js = job.Metrics("job_summary");
+  auto a = js[0]["accounting"];
+  EXPECT_LE(a.value("lost_with_actor", 0.0), a.value("generated", 0.0) * 0.2) << a.dump();
+}
+
+TEST(EndToEnd, KilledLearnerRestartsFromItsCheckpoint) {
+  Job job(Short(80), "kill_learner");
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        return st.progress.count("step") && st.progress.at("step") >= 25;
+      },
+      300000));
+  int learner = job.PidOf("learner-0");
+  ASSERT_EQ(::kill(learner, SIGKILL), 0);
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  EXPECT_GE(job.Metrics("resume").size(), 1u)
+      << "the restarted learner did not resume from a checkpoint";
+  auto sum = job.Metrics("summary");
+  ASSERT_FALSE(sum.empty());
+  EXPECT_GE(sum.back().value("steps", 0.0), 80.0);
+}
+
+TEST(EndToEnd, ActorsExitWhenTheHeadDies) {
+  Job job(Short(100000), "kill_head");
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        int ready = 0;
+        for (auto& a : st.actors) ready += a.state == "ready";
+        return ready == 4;
+      },
+      300000))
+      << job.Output();
+  auto pids = job.pids();
+  ASSERT_EQ(::kill(job.proc().pid(), SIGKILL), 0);
+  job.proc().Wait(Deadline::InMs(10000)).status().IgnoreError();
+  // head_grace_ms is 4 s; allow generous slack for a loaded machine.
+  for (int pid : pids)
+    EXPECT_TRUE(Eventually([&] { return !Alive(pid); }, 30000)) << "orphan actor " << pid;
+}
+
+TEST(EndToEnd, SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted) {
+  // rollout-1 sleeps 250 ms per group: its groups arrive too late to train on.
+  Job job(Short(60, {"rollout.slow_actor=rollout-1", "rollout.slow_ms_per_group=250",
+                     "trainer.max_policy_lag=1"}),
+          "slow");
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  auto a = job.Metrics("job_summary")[0]["accounting"];
+  double stale = a.value("dropped_stale", 0.0), gen = a.value("generated", 0.0);
+  EXPECT_GT(stale, 0) << "a slowed actor should produce stale batches: " << a.dump();
+  // Throttling keeps drops rare: the fast actor keeps the learner fed.
+  EXPECT_LT(stale, 0.25 * gen) << a.dump();
+}
+
+TEST(EndToEnd, ScaleRolloutUpAndDownWhileRunning) {
+  Job job(Short(100000), "scale");
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        return st.progress.count("step") && st.progress.at("step") >= 5;
+      },
+      300000))
+      << job.Output();
+  auto run = job.run();
+  ASSERT_TRUE(run.ok());
+  ASSERT_TRUE(SendControl(*run, "scale", Deadline::InMs(5000), "rollout", 3).ok());
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        for (auto& a : st.actors)
+          if (a.id == "rollout-2" && a.state == "ready" && a.stats.count("generated") &&
+              a.stats.at("generated") > 0)
+            return true;
+        return false;
+      },
+      120000))
+      << "the new rollout actor never generated\n"
+      << job.Output();
+  ASSERT_TRUE(SendControl(*run, "scale", Deadline::InMs(5000), "rollout", 1).ok());
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        int rollouts = 0;
+        for (auto& a : st.actors) rollouts += a.role == "rollout";
+        return rollouts == 1;
+      },
+      120000))
+      << job.Output();
+  // Training goes on with one rollout actor.
+  double step = 0;
+  ASSERT_TRUE(job.WaitStatus(
+      [&](const ControlResult& st) {
+        double s = st.progress.count("step") ? st.progress.at("step") : 0;
+        if (step == 0) step = s;
+        return s >= step + 5;
+      },
+      120000));
+  ASSERT_TRUE(SendControl(*run, "stop", Deadline::InMs(5000)).ok());
+  auto e = job.Wait(120000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+}
+
+}  // namespace
+}  // namespace troupe::launcher
