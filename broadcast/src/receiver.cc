@@ -398,6 +398,14 @@ void WeightReceiver::Impl::Handle(const proto::Message& msg) {
         }
         break;
       }
+      auto backend = ParseBackend(g.backend);
+      if (!backend.ok() || !BackendCompiled(*backend)) {
+        // Not echoing makes the learner drop us from this epoch instead of waiting on us.
+        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 5000,
+                            "epoch {}: backend '{}' is not available in this build; not joining",
+                            g.epoch, g.backend);
+        break;
+      }
       SendControl(proto::EncodeGroup(header(), proto::GroupMsg{g.epoch}));  // echo: accepted
       FormGroup(g, static_cast<int>(it - g.members.begin()));
       break;
