@@ -122,6 +122,7 @@ class WeightSender::Impl {
     bool gone = false;     // exited, unreachable or silent: drop at the next epoch
     Clock::time_point last_seen;
     Clock::time_point next_catch_up;  // backoff after a failed catch-up
+    int catch_up_failures = 0;        // consecutive; dropped after kMaxCatchUpFailures
     uint64_t acked_version = 0;
     uint64_t accepted_epoch = 0;
     uint64_t ack_transfer = 0;  // last Ack received
@@ -147,8 +148,10 @@ class WeightSender::Impl {
   Status Transfer(Deadline deadline, BroadcastReport* report);
   Status WaitAcks(const std::vector<std::string>& ids, uint64_t version, uint64_t transfer,
                   Deadline deadline);
+  // `preemptible`: give up (Cancelled) as soon as a Broadcast job is waiting (catch-ups).
   Status SendStream(const std::vector<std::string>& endpoints, const Layout& layout,
-                    const uint8_t* data, const std::shared_ptr<void>& owner, Deadline deadline);
+                    const uint8_t* data, const std::shared_ptr<void>& owner, Deadline deadline,
+                    bool preemptible = false);
   Result<ZmqSocket*> DataSocket(const std::string& endpoint);
   void CloseUnusedDataSockets();
   void DropMember(const std::string& id, const char* why);
@@ -166,6 +169,11 @@ class WeightSender::Impl {
     MutexLock l(mu_);
     return stop_;
   }
+  bool job_pending() {
+    MutexLock l(mu_);
+    return job_ != nullptr;
+  }
+  static constexpr int kMaxCatchUpFailures = 5;
 
   const BroadcastConfig config_;
   const std::chrono::milliseconds timeout_;
@@ -497,11 +505,24 @@ void WeightSender::Impl::RunCatchUps() {
     Status st = CatchUp(m);
     if (st.ok()) {
       m.state = MemberState::kReady;
+      m.catch_up_failures = 0;
       MarkDirty();
       ++stats_.catch_ups;
+    } else if (st.code() == Code::kCancelled) {
+      // A broadcast arrived: it goes first; the newcomer is caught up with it afterwards.
+    } else if (++m.catch_up_failures >= kMaxCatchUpFailures) {
+      Log().error(
+          "catch-up of {} failed {} times (last: {}); dropping it (is its data endpoint "
+          "{} reachable from the learner?)",
+          id, m.catch_up_failures, st.ToString(), m.data_endpoint);
+      m.gone = true;
+      MarkDirty();
     } else {
-      Log().warn("catch-up of {} to version {} failed: {}", id, current_.version, st.ToString());
-      m.next_catch_up = Clock::now() + Millis(config_.heartbeat_ms);
+      // Exponential backoff: a newcomer we cannot reach must not stall the broadcasts.
+      auto backoff = Millis(config_.heartbeat_ms) * (1 << m.catch_up_failures);
+      Log().warn("catch-up of {} to version {} failed: {}; retrying in {} ms", id, current_.version,
+                 st.ToString(), backoff.count());
+      m.next_catch_up = Clock::now() + backoff;
     }
     return;  // one per loop turn: jobs and control messages go first
   }
@@ -516,8 +537,9 @@ Status WeightSender::Impl::CatchUp(Member& m) {
   auto t0 = Clock::now();
   if (!SendTo(m.id, proto::EncodeManifest(header(), manifest)))
     return Unavailable("cannot send the manifest to {}", m.id);
-  TROUPE_RETURN_IF_ERROR(
-      SendStream({m.data_endpoint}, layout, current_data_, current_owner_, Deadline::Never()));
+  TROUPE_RETURN_IF_ERROR(SendStream({m.data_endpoint}, layout, current_data_, current_owner_,
+                                    Deadline::Never(),
+                                    /*preemptible=*/true));
   TROUPE_RETURN_IF_ERROR(WaitAcks({m.id}, layout.version, layout.transfer, Deadline::In(timeout_)));
   m.acked_version = layout.version;
   Log().info("caught {} up to version {} ({:.1f} MB in {:.3f} s)", m.id, layout.version,
@@ -916,7 +938,8 @@ void WeightSender::Impl::CloseUnusedDataSockets() {
 // star or a catch-up): a header frame, then the payload frame straight from `data`.
 Status WeightSender::Impl::SendStream(const std::vector<std::string>& endpoints,
                                       const Layout& layout, const uint8_t* data,
-                                      const std::shared_ptr<void>& owner, Deadline deadline) {
+                                      const std::shared_ptr<void>& owner, Deadline deadline,
+                                      bool preemptible) {
   std::vector<ZmqSocket*> sockets;
   for (const auto& ep : endpoints) {
     TROUPE_ASSIGN_OR_RETURN(ZmqSocket * s, DataSocket(ep));
@@ -942,10 +965,11 @@ Status WeightSender::Impl::SendStream(const std::vector<std::string>& endpoints,
             fmt::format("sending chunk {} of version {} to {}", c, layout.version, endpoints[i]));
       stats_.bytes_sent += end - begin;
     }
-    if ((c & 63) == 63) {
+    if ((c & 15) == 15) {
       PollControl(0);  // keep heartbeats flowing during long transfers
       MaybeKeepalive();
       if (stopping()) return Cancelled("sender stopping");
+      if (preemptible && job_pending()) return Cancelled("a broadcast is waiting");
     }
   }
   return Status::Ok();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <map>
 #include <random>
 
@@ -206,6 +207,42 @@ TEST(Inproc, SinkErrorIsReportedToTheLearner) {
   EXPECT_EQ((*r)->version(), 1u);  // it keeps what it had
   RunVersions(**sender, 3, 3);
   EXPECT_EQ((*r)->version(), 3u);
+}
+
+TEST(Inproc, NewcomerWhoseCatchUpFailsDoesNotStallTheGroup) {
+  auto sender = WeightSender::Create(TestConfig(Backend::kZmq));
+  ASSERT_TRUE(sender.ok());
+  auto good = CheckedReceiver::Make("good", (*sender)->endpoint(), WireDtype::kAsStored);
+  ASSERT_TRUE((*sender)->WaitForMembers(1, Deadline::InMs(20000)).ok());
+  RunVersions(**sender, 1, 1);
+  ReceiverConfig rc;
+  rc.actor_id = "bad";
+  rc.learner_endpoint = (*sender)->endpoint();
+  rc.heartbeat_ms = 100;
+  std::atomic<int> refused{0};
+  std::promise<void> first_refusal;
+  auto bad = WeightReceiver::Create(rc, [&](const ReceivedWeights& w) {
+    if (!w.catch_up) return Status::Ok();
+    if (refused++ == 0) first_refusal.set_value();
+    return Internal("refusing catch-up");
+  });
+  ASSERT_TRUE(bad.ok());
+  ASSERT_EQ(first_refusal.get_future().wait_for(std::chrono::seconds(20)),
+            std::future_status::ready);
+  // While the newcomer fails its catch-ups (and is backed off, then dropped), the group
+  // goes on: every broadcast succeeds at the first attempt with the good member only.
+  for (uint64_t v = 2; v <= 6; ++v) {
+    RunVersions(**sender, v, v);
+    EXPECT_EQ((*sender)->last_report().members, std::vector<std::string>{"good"});
+    EXPECT_EQ((*sender)->last_report().attempts, 1);
+  }
+  EXPECT_EQ(good->receiver->version(), 6u);
+  EXPECT_EQ((*bad)->version(), 0u);
+  for (const MemberInfo& m : (*sender)->Members()) {
+    if (m.id == "bad") {
+      EXPECT_NE(m.state, "member");
+    }
+  }
 }
 
 TEST(Inproc, VersionsMustIncreaseAndBadTensorsAreRejected) {
