@@ -387,9 +387,9 @@ Result<std::vector<GenerationResult>> Engine::Generate(const std::vector<Generat
   return std::move(batch->results);
 }
 
-Status Engine::BeginUpdate(uint64_t version, Deadline deadline) {
+Status Engine::BeginUpdate(uint64_t version, Deadline deadline, bool allow_rollback) {
   MutexLock l(mu_);
-  if (version < version_)
+  if (version < version_ && !allow_rollback)
     return InvalidArgument("weight update to version {} is older than the engine's version {}",
                            version, version_);
   ++updates_waiting_;
@@ -422,8 +422,9 @@ void Engine::EndUpdate(uint64_t version, bool ok) {
   cv_.notify_all();
 }
 
-Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline) {
-  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline));
+Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline,
+                             bool allow_rollback) {
+  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline, allow_rollback));
   Status st;
   try {
     st = model_->LoadNamed(named);
@@ -438,7 +439,7 @@ Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadli
 Status Engine::UpdateWeightsInPlace(uint64_t version,
                                     const std::function<Status(const NamedTensors& weights)>& fill,
                                     Deadline deadline) {
-  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline));
+  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline, false));
   Status st;
   try {
     torch::NoGradGuard no_grad;

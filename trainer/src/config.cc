@@ -118,6 +118,8 @@ Status LearnerConfig::Validate() const {
                            max_sequence_tokens);
   }
   TROUPE_RETURN_IF_ERROR(Positive("supervised_lr", supervised_lr));
+  TROUPE_RETURN_IF_ERROR(InRange("negative_advantage_scale", negative_advantage_scale, 0.0, 1.0));
+  TROUPE_RETURN_IF_ERROR(Positive("supervised_adam_eps", supervised_adam_eps));
   if (keep_checkpoints < 1) {
     return InvalidArgument("learner.keep_checkpoints = {} must be >= 1", keep_checkpoints);
   }

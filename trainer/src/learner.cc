@@ -129,7 +129,7 @@ struct Learner::State {
   // One RL update on the prepared group; the caller handles errors.
   Result<StepMetrics> RunRlUpdate(SteadyClock::time_point t0);
   // Clips gradients, steps AdamW at `lr`; returns the pre-clip norm (non-finite: no step).
-  double ApplyGradients(double lr);
+  double ApplyGradients(double lr, double eps);
   // Drops the group after a failed update; batches never trained count as invalid.
   void AbandonGroup(const Status& why) TROUPE_EXCLUDES(mu);
 
@@ -269,6 +269,10 @@ Result<Admission> Learner::Offer(TrainBatch batch) {
         AssignGroups(batch.group_index, batch.group_size, batch.num_sequences(), &group_of);
     adv = ComputeAdvantages(batch.rewards, group_of, groups, config_.advantage,
                             config_.advantage_eps);
+    if (config_.negative_advantage_scale != 1.0) {
+      for (float& a : adv.advantages)
+        if (a < 0) a = static_cast<float>(a * config_.negative_advantage_scale);
+    }
   }
   const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(batch.num_sequences(), 0));
   MutexLock l(s.mu);
@@ -312,6 +316,8 @@ Result<Admission> Learner::Offer(TrainBatch batch) {
   a.ready = s.group_has_work || s.queue.size() >= static_cast<size_t>(config_.batches_per_update);
   return a;
 }
+
+void Learner::ResetOptimizer() { state_->optimizer = MakeOptimizer(config_, state_->params); }
 
 std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
   MutexLock l(state_->mu);
@@ -431,12 +437,16 @@ void Learner::State::Repack(Group& g) {
   g.dirty = false;
 }
 
-double Learner::State::ApplyGradients(double lr) {
+double Learner::State::ApplyGradients(double lr, double eps) {
   const double max_norm =
       cfg.grad_clip > 0 ? cfg.grad_clip : std::numeric_limits<double>::infinity();
   const double norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
   if (!std::isfinite(norm)) return norm;
-  for (auto& group_opts : optimizer->param_groups()) group_opts.options().set_lr(lr);
+  for (auto& group_opts : optimizer->param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group_opts.options());
+    o.lr(lr);
+    o.eps(eps);
+  }
   optimizer->step();
   return norm;
 }
@@ -565,7 +575,7 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
       return Internal("non-finite loss {}: optimizer step skipped", m.loss);
     }
     auto to = SteadyClock::now();
-    m.grad_norm = ApplyGradients(m.lr);
+    m.grad_norm = ApplyGradients(m.lr, cfg.adam_eps);
     m.optimizer_s = Seconds(to, SteadyClock::now());
     if (!std::isfinite(m.grad_norm)) {
       return Internal("non-finite gradient norm {}: optimizer step skipped", m.grad_norm);
@@ -680,7 +690,7 @@ Result<StepMetrics> Learner::SupervisedStep(const Demonstrations& demos) {
       return Internal("non-finite supervised loss {}: optimizer step skipped", m.loss);
     }
     auto to = SteadyClock::now();
-    m.grad_norm = s.ApplyGradients(config_.supervised_lr);
+    m.grad_norm = s.ApplyGradients(config_.supervised_lr, config_.supervised_adam_eps);
     m.optimizer_s = Seconds(to, SteadyClock::now());
     if (!std::isfinite(m.grad_norm)) {
       s.optimizer->zero_grad();

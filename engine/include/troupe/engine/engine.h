@@ -171,7 +171,10 @@ class Engine {
   // for the running step and for pinned Generate() batches; blocks until applied or the
   // deadline (Timeout, nothing changed). Fails on a version lower than version() or bad
   // tensors (nothing changed).
-  Status UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline);
+  // `allow_rollback`: accept a version lower than version() — a learner that
+  // restarted from an older checkpoint re-syncs its rollout actors this way.
+  Status UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline,
+                       bool allow_rollback = false);
   // Same, but `fill` writes the new weights directly into the model's tensors (e.g. a
   // broadcast receiving into them, avoiding one copy). It runs on the calling thread while
   // generation is paused; if it fails the version is unchanged (weights may be partial).
@@ -193,7 +196,7 @@ class Engine {
   explicit Engine(const EngineConfig& config);
   Status Enqueue(std::vector<std::shared_ptr<Work>> works) TROUPE_REQUIRES(mu_);
   // Waits until the gate lets an update in; marks it running. Returns Timeout otherwise.
-  Status BeginUpdate(uint64_t version, Deadline deadline);
+  Status BeginUpdate(uint64_t version, Deadline deadline, bool allow_rollback);
   void EndUpdate(uint64_t version, bool ok);
   void ThreadMain();
 

@@ -44,6 +44,11 @@ struct LearnerConfig {
   // Advantage estimator (default grpo). dr_grpo avoids the std division that
   // over-weights groups with tiny reward spread; rloo is unbiased but needs G >= 2.
   AdvantageEstimator advantage = AdvantageEstimator::kGrpo;
+  // Multiplies negative advantages (below-group-mean sequences). Default 1
+  // (plain GRPO). Values in [0, 1) lean on what worked: 0 trains only on
+  // better-than-average samples (RAFT-like), which tolerates much larger
+  // learning rates when rewards are sparse; the price is a biased gradient.
+  double negative_advantage_scale = 1.0;
   // Added to the group std before dividing (grpo only). Default 1e-6.
   double advantage_eps = 1e-6;
   // Leave groups whose rewards are all equal (zero advantage, no policy
@@ -87,7 +92,9 @@ struct LearnerConfig {
   double min_lr_ratio = 0.1;
   // Decoupled AdamW weight decay. Default 0.0 (short RL runs gain nothing from it).
   double weight_decay = 0.0;
-  // AdamW betas and epsilon. Defaults 0.9, 0.999, 1e-8.
+  // AdamW betas and epsilon (of RL updates). Defaults 0.9, 0.999, 1e-8. A larger
+  // epsilon (1e-4..1e-3) damps the updates of parameters whose gradients are
+  // mostly noise, which sparse-reward RL produces a lot of.
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
@@ -117,6 +124,10 @@ struct LearnerConfig {
   // Learning rate of SupervisedStep (constant, no schedule). Default 1e-3 (cross-entropy
   // gradients are consistent; the default model warm-starts well at 1e-3).
   double supervised_lr = 1e-3;
+  // Start RL with fresh AdamW moments after a supervised warm start. Default true.
+  bool reset_optimizer_for_rl = true;
+  // AdamW epsilon of supervised updates (RL updates use adam_eps). Default 1e-8.
+  double supervised_adam_eps = 1e-8;
 
   // ---- process
   // Learner::Create tunes glibc malloc for tensor workloads (process-wide, see

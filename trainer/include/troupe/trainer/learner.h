@@ -96,6 +96,11 @@ class Learner {
   // version like any update. kInvalidArgument for malformed demonstrations.
   Result<StepMetrics> SupervisedStep(const Demonstrations& demos);
 
+  // Forgets the AdamW moments (e.g. between the supervised warm start and RL:
+  // the warm start's gradient statistics mislead the first RL updates).
+  // Training thread only.
+  void ResetOptimizer();
+
   // Batches decided since the last call, in decision order. Thread-safe.
   std::vector<FinishedBatch> TakeFinishedBatches();
 
