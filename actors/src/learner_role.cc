@@ -166,6 +166,7 @@ struct EvalResult {
   double accuracy = 0, reward = 0;
   int64_t prompts = 0;
   double seconds = 0;
+  std::vector<std::string> examples;  // a few failures, for the log
 };
 
 class LearnerRole {
@@ -307,6 +308,10 @@ Result<EvalResult> LearnerRole::Evaluate() {
       std::string prompt_text = ctx_.renderer->PromptText(p.messages);
       envs::VerifyResult v =
           task->Verify({prompt_text, text.ok() ? *text : "", p.reference, p.metadata});
+      if (v.reward < 1.0 - 1e-9 && r.examples.size() < 3) {
+        r.examples.push_back(fmt::format("'{}' -> '{}' (expected '{}')", prompt_text,
+                                         text.ok() ? *text : "?", p.reference));
+      }
       r.reward += v.reward;
       r.accuracy += v.reward >= 1.0 - 1e-9 ? 1.0 : 0.0;
       r.prompts++;
@@ -336,6 +341,7 @@ void LearnerRole::SendEval(const EvalResult& e) {
                    {"elapsed_s", elapsed}});
   Log().info("eval at update {}: accuracy {:.3f}, reward {:.3f} ({} prompts, {:.0f} ms)",
              RlUpdates(), e.accuracy, e.reward, e.prompts, e.seconds * 1e3);
+  for (const auto& ex : e.examples) Log().info("  eval miss: {}", ex);
 }
 
 // ---------------------------------------------------------------- warm start
@@ -365,6 +371,7 @@ Status LearnerRole::WarmStart() {
   }
   double seconds = SecondsSince(t0);
   learner_->SnapshotReference();  // the KL anchor (if any) is the warm-started policy
+  if (job_.trainer.reset_optimizer_for_rl) learner_->ResetOptimizer();
   TROUPE_ASSIGN_OR_RETURN(EvalResult e, Evaluate());
   warm_accuracy_ = e.accuracy;
   rt_.SendMetrics("warm_start", 0, learner_->version(),

@@ -82,6 +82,8 @@ void Describe(config::Binder& b, LearnerConfig& c) {
       b, "advantage", &c.advantage, "advantage estimator: grpo | dr_grpo | rloo",
       [](AdvantageEstimator e) { return std::string(Name(e)); }, ParseAdvantageEstimator);
   b.Field("advantage_eps", &c.advantage_eps, "added to the group std before dividing (grpo)");
+  b.Field("negative_advantage_scale", &c.negative_advantage_scale,
+          "scale of negative advantages (1: GRPO; 0: only better-than-average samples)");
   b.Field("skip_uniform_groups", &c.skip_uniform_groups,
           "skip groups whose rewards are all equal (no gradient)");
   b.Field("clip_low", &c.clip_low, "PPO ratio clipped at 1 - clip_low");
@@ -103,7 +105,7 @@ void Describe(config::Binder& b, LearnerConfig& c) {
   b.Field("weight_decay", &c.weight_decay, "AdamW weight decay");
   b.Field("adam_beta1", &c.adam_beta1, "AdamW beta1");
   b.Field("adam_beta2", &c.adam_beta2, "AdamW beta2");
-  b.Field("adam_eps", &c.adam_eps, "AdamW epsilon");
+  b.Field("adam_eps", &c.adam_eps, "AdamW epsilon of RL updates (larger damps noisy parameters)");
   b.Field("grad_clip", &c.grad_clip, "global gradient-norm clip (0: off)");
   b.Field("micro_batch_tokens", &c.micro_batch_tokens,
           "padded tokens per forward/backward micro-batch");
@@ -113,6 +115,10 @@ void Describe(config::Binder& b, LearnerConfig& c) {
   b.Field("max_sequence_tokens", &c.max_sequence_tokens,
           "longest prompt + response accepted (0: model limit)");
   b.Field("supervised_lr", &c.supervised_lr, "learning rate of the supervised warm start");
+  b.Field("supervised_adam_eps", &c.supervised_adam_eps,
+          "AdamW epsilon of the supervised warm start");
+  b.Field("reset_optimizer_for_rl", &c.reset_optimizer_for_rl,
+          "start RL with fresh AdamW moments after the warm start");
   b.Field("tune_allocator", &c.tune_allocator,
           "keep freed memory in the process (glibc malloc tuning)");
   b.Field("keep_checkpoints", &c.keep_checkpoints, "checkpoints kept");
