@@ -8,17 +8,15 @@
 #include "troupe/engine/engine.h"
 
 namespace troupe::envs {
-namespace {
 
 // Results the engine thread hands to Run's thread. Shared with the callbacks,
 // which may outlive Run (after a deadline), hence the shared_ptr.
-struct Inbox {
+struct EpisodeDriver::Inbox {
   Mutex mu;
   CondVar cv;
   std::deque<std::pair<size_t, std::vector<engine::GenerationResult>>> ready TROUPE_GUARDED_BY(mu);
+  bool cancelled TROUPE_GUARDED_BY(mu) = false;  // Cancel() was called
 };
-
-}  // namespace
 
 Status EpisodeDriverConfig::Validate() const {
   TROUPE_RETURN_IF_ERROR(episode.Validate());
@@ -52,6 +50,19 @@ EpisodeDriverStats EpisodeDriver::Stats() const {
   return stats_;
 }
 
+void EpisodeDriver::Cancel() {
+  std::shared_ptr<Inbox> inbox;
+  {
+    MutexLock lock(mu_);
+    cancelled_ = true;
+    inbox = running_;
+  }
+  if (!inbox) return;
+  MutexLock lock(inbox->mu);
+  inbox->cancelled = true;
+  inbox->cv.notify_all();
+}
+
 std::vector<EpisodeOutcome> EpisodeDriver::Run(std::vector<EpisodeRequest> requests,
                                                Deadline deadline, const OnDone& on_done) {
   const size_t n = requests.size();
@@ -59,6 +70,16 @@ std::vector<EpisodeOutcome> EpisodeDriver::Run(std::vector<EpisodeRequest> reque
   std::vector<int64_t> turns(n, 0);
   std::vector<bool> finished(n, false);
   auto inbox = std::make_shared<Inbox>();
+  bool cancelled = false;
+  {
+    MutexLock lock(mu_);
+    running_ = inbox;
+    cancelled = cancelled_;
+  }
+  if (cancelled) {
+    MutexLock lock(inbox->mu);
+    inbox->cancelled = true;
+  }
   const int64_t cache_len = engine_.config().CacheLen();
   size_t running = 0;
 
@@ -129,7 +150,10 @@ std::vector<EpisodeOutcome> EpisodeDriver::Run(std::vector<EpisodeRequest> reque
     out[i].episode = std::move(ep).value();
     engine::GenerateRequest first;
     first.prompt = out[i].episode->prompt_tokens();
-    if (submit(i, std::move(first))) {
+    if (cancelled) {
+      out[i].episode->Abort("cancelled");
+      finish(i);
+    } else if (submit(i, std::move(first))) {
       ++running;
     } else {
       finish(i);
@@ -141,14 +165,15 @@ std::vector<EpisodeOutcome> EpisodeDriver::Run(std::vector<EpisodeRequest> reque
     {
       MutexLock lock(inbox->mu);
       inbox->cv.wait_until(lock, deadline.at(), [&]() TROUPE_NO_THREAD_SAFETY_ANALYSIS {
-        return !inbox->ready.empty();
+        return !inbox->ready.empty() || inbox->cancelled;
       });
-      batch.swap(inbox->ready);
+      cancelled = inbox->cancelled;
+      if (!cancelled) batch.swap(inbox->ready);
     }
-    if (batch.empty()) {  // deadline passed
+    if (batch.empty()) {  // deadline passed or cancelled
       for (size_t i = 0; i < n; ++i) {
         if (finished[i]) continue;
-        out[i].episode->Abort("deadline passed");
+        out[i].episode->Abort(cancelled ? "cancelled" : "deadline passed");
         finish(i);
       }
       break;
@@ -186,6 +211,8 @@ std::vector<EpisodeOutcome> EpisodeDriver::Run(std::vector<EpisodeRequest> reque
       }
     }
   }
+  MutexLock lock(mu_);
+  running_.reset();
   return out;
 }
 

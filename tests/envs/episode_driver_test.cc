@@ -4,6 +4,7 @@
 // up short ones.
 #include <random>
 #include <set>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -219,6 +220,40 @@ TEST_F(DriverTest, StartFailuresAndDeadlinesAreReported) {
     EXPECT_EQ(o.episode->episode().end(), EpisodeEnd::kAborted);
     EXPECT_EQ(o.episode->episode().abort_reason(), "deadline passed");
   }
+}
+
+TEST_F(DriverTest, CancelEndsARunningRunAndEveryLaterOne) {
+  EpisodeDriver driver(*engine_, *renderer_, config_);
+  std::vector<EpisodeRequest> reqs;
+  for (uint64_t s = 0; s < 6; ++s)
+    reqs.push_back({task_.get(), task_->GetPrompt(Split::kTrain, s), Seed() + s, s, {}});
+  const uint64_t before = engine_->stats().requests;
+  std::vector<EpisodeOutcome> out;
+  std::thread runner([&] { out = driver.Run(reqs, Deadline::InMs(240000)); });
+  // Cancel once the Run has handed turns to the engine (bounded poll of another thread's state).
+  auto until = Deadline::InMs(60000);
+  while (engine_->stats().requests == before && !until.expired()) std::this_thread::yield();
+  driver.Cancel();
+  runner.join();
+  ASSERT_EQ(out.size(), reqs.size());
+  for (const auto& o : out) {
+    ASSERT_TRUE(o.episode);
+    EXPECT_TRUE(o.episode->done());
+    if (o.episode->episode().end() == EpisodeEnd::kAborted) {
+      EXPECT_EQ(o.episode->episode().abort_reason(), "cancelled");
+    }
+  }
+  // Sticky: a later Run aborts at once and gives the engine no work.
+  const uint64_t after = engine_->stats().requests;
+  auto again = driver.Run(reqs, Deadline::InMs(240000));
+  for (const auto& o : again) {
+    ASSERT_TRUE(o.episode);
+    EXPECT_EQ(o.episode->episode().end(), EpisodeEnd::kAborted);
+    EXPECT_EQ(o.episode->episode().abort_reason(), "cancelled");
+  }
+  EXPECT_EQ(engine_->stats().requests, after);
+  // TearDown destroys the engine while cancelled turns may still be decoding:
+  // their late results go to the abandoned inbox.
 }
 
 }  // namespace

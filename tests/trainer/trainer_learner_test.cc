@@ -458,6 +458,33 @@ TEST(Learner, SupervisedWarmStartLearnsDemonstrations) {
   EXPECT_THAT(l->SupervisedStep(bad).status().message(), HasSubstr("prompt_tokens[1] = 99"));
 }
 
+TEST(Learner, MaskedDemonstrationsTrainOnlyTheModelsTokens) {
+  // A multi-turn demonstration: the last two response tokens are a tool's
+  // output (mask 0). Changing them leaves the supervised update bit-identical.
+  auto run = [](int32_t t1, int32_t t2) {
+    auto l = MakeLearner(TestConfig(), 9);
+    Demonstrations d;
+    d.Add({1, 4, 5}, {5, 4, 2});                                 // no mask: all trained
+    d.Add({1, 6, 7}, {7, 6, t1, t2}, std::vector<uint8_t>{1, 1, 0, 0});
+    auto m = l->SupervisedStep(d);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->tokens, 5);  // 3 + 2 trained tokens
+    return std::make_pair(m->loss, l->NamedWeights()[1].second.clone());
+  };
+  auto a = run(9, 10);
+  auto b = run(12, 13);
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_TRUE(at::equal(a.second, b.second));
+  // Malformed masks are clear errors.
+  auto l = MakeLearner(TestConfig());
+  Demonstrations wrong;
+  wrong.Add({1, 4}, {4, 2}, std::vector<uint8_t>{1});
+  EXPECT_THAT(l->SupervisedStep(wrong).status().message(), HasSubstr("loss_mask has 1 entries"));
+  Demonstrations none;
+  none.Add({1, 4}, {4, 2}, std::vector<uint8_t>{0, 0});
+  EXPECT_THAT(l->SupervisedStep(none).status().message(), HasSubstr("nothing to train on"));
+}
+
 TEST(Learner, UniformGroupsAreCountedAndSkipped) {
   auto l = MakeLearner(TestConfig());
   // Group 0 informative, group 1 all rewards equal.

@@ -22,10 +22,24 @@ void TrainBatch::AddSequence(const std::vector<int32_t>& prompt,
 void Demonstrations::Add(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response) {
   if (prompt_offsets.empty()) prompt_offsets.push_back(0);
   if (response_offsets.empty()) response_offsets.push_back(0);
+  // A mask column that is aligned so far stays aligned (this pair is all trained);
+  // a misaligned one stays misaligned, for ValidateDemonstrations to report.
+  const bool extend_mask = !loss_mask.empty() && loss_mask.size() == response_tokens.size();
   prompt_tokens.insert(prompt_tokens.end(), prompt.begin(), prompt.end());
   prompt_offsets.push_back(static_cast<int64_t>(prompt_tokens.size()));
   response_tokens.insert(response_tokens.end(), response.begin(), response.end());
   response_offsets.push_back(static_cast<int64_t>(response_tokens.size()));
+  if (extend_mask) loss_mask.resize(response_tokens.size(), 1);
+}
+
+void Demonstrations::Add(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response,
+                         const std::vector<uint8_t>& mask) {
+  // Pairs added earlier without a mask are all trained: materialise their ones first.
+  if (loss_mask.empty()) loss_mask.assign(response_tokens.size(), 1);
+  const bool aligned = loss_mask.size() == response_tokens.size();
+  Add(prompt, response);
+  if (aligned) loss_mask.resize(response_tokens.size() - response.size());
+  loss_mask.insert(loss_mask.end(), mask.begin(), mask.end());
 }
 
 namespace {
@@ -164,6 +178,25 @@ Status ValidateDemonstrations(const Demonstrations& d, const BatchLimits& limits
           .WithContext("demonstrations"));
   if (d.response_tokens.empty()) {
     return InvalidArgument("demonstrations: no response tokens to train on");
+  }
+  if (d.loss_mask.empty()) return Status::Ok();
+  if (d.loss_mask.size() != d.response_tokens.size()) {
+    return InvalidArgument(
+        "demonstrations: loss_mask has {} entries, expected one per response token ({}) or none",
+        d.loss_mask.size(), d.response_tokens.size());
+  }
+  size_t trained = 0;
+  for (size_t i = 0; i < d.loss_mask.size(); ++i) {
+    if (d.loss_mask[i] > 1) {
+      return InvalidArgument("demonstrations: loss_mask[{}] = {}, expected 0 or 1", i,
+                             d.loss_mask[i]);
+    }
+    trained += d.loss_mask[i];
+  }
+  if (trained == 0) {
+    return InvalidArgument(
+        "demonstrations: the loss mask is 0 on all {} response tokens (nothing to train on)",
+        d.loss_mask.size());
   }
   return Status::Ok();
 }

@@ -103,7 +103,7 @@ Status LearnerConfig::Validate() const {
   }
   if (max_policy_lag) {
     if (*max_policy_lag < 0) {
-      return InvalidArgument("learner.max_policy_lag = {} must be >= 0 (0 = strictly on-policy)",
+      return InvalidArgument("max_policy_lag = {} must be >= 0 (0 = strictly on-policy)",
                              *max_policy_lag);
     }
     if (*max_policy_lag < updates_per_batch - 1) {

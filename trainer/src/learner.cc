@@ -643,19 +643,26 @@ Result<StepMetrics> Learner::SupervisedStep(const Demonstrations& demos) {
   const auto t0 = SteadyClock::now();
   TROUPE_RETURN_IF_ERROR(ValidateDemonstrations(demos, s.limits));
   std::vector<SequenceView> views;
-  int64_t total = 0;
+  int64_t total = 0;  // trained tokens (mask 1)
+  const bool masked = !demos.loss_mask.empty();
   for (int64_t i = 0; i < demos.num_sequences(); ++i) {
     const int64_t p0 = demos.prompt_offsets[i], p1 = demos.prompt_offsets[i + 1];
     const int64_t r0 = demos.response_offsets[i], r1 = demos.response_offsets[i + 1];
-    if (r1 == r0) continue;
+    int64_t trained = r1 - r0;
+    if (masked) {
+      trained = 0;
+      for (int64_t j = r0; j < r1; ++j) trained += demos.loss_mask[j];
+    }
+    if (trained == 0) continue;  // empty, or only environment tokens
     SequenceView v;
     v.prompt = demos.prompt_tokens.data() + p0;
     v.prompt_len = p1 - p0;
     v.response = demos.response_tokens.data() + r0;
     v.response_len = r1 - r0;
+    v.mask = masked ? demos.loss_mask.data() + r0 : nullptr;  // tool turns are context, not targets
     v.flat_offset = r0;
     views.push_back(v);
-    total += r1 - r0;
+    total += trained;
   }
   for (auto& v : views) v.token_weight = static_cast<float>(1.0 / static_cast<double>(total));
 

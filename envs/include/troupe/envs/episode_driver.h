@@ -15,9 +15,10 @@
 // troupe::envs_engine, which links troupe::engine.
 //
 // Thread safety: one Run at a time per driver (Run is not reentrant); Stats()
-// may be called from any thread. Run blocks until every episode has ended or
-// the deadline passes; then the episodes still running are aborted (their
-// in-flight engine requests finish in the background and are discarded).
+// and Cancel() may be called from any thread. Run blocks until every episode
+// has ended, the deadline passes or Cancel() is called; then the episodes
+// still running are aborted (their in-flight engine requests finish in the
+// background and are discarded).
 #pragma once
 
 #include <cstdint>
@@ -100,12 +101,23 @@ class EpisodeDriver {
 
   EpisodeDriverStats Stats() const;
 
+  // Ends the Run in progress as its deadline would (running episodes are
+  // aborted with reason "cancelled", Run returns promptly without touching the
+  // engine again) and makes every later Run abort its episodes at once. For
+  // shutdown: after Cancel() and the return of Run, the engine may be
+  // destroyed. Never blocks; any thread.
+  void Cancel();
+
  private:
+  struct Inbox;  // results handed from the engine thread to Run (episode_driver.cc)
+
   engine::Engine& engine_;
   const Renderer& renderer_;
   EpisodeDriverConfig config_;
   mutable Mutex mu_;
   EpisodeDriverStats stats_ TROUPE_GUARDED_BY(mu_);
+  bool cancelled_ TROUPE_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Inbox> running_ TROUPE_GUARDED_BY(mu_);  // the Run in progress, if any
 };
 
 }  // namespace troupe::envs

@@ -71,20 +71,31 @@ Status ValidateTrainBatch(const TrainBatch& batch, const BatchLimits& limits);
 Status ValidateRewards(const TrainBatch& batch);
 
 // Supervised demonstrations: the response tokens of each pair are trained with
-// cross-entropy given the prompt. Same column layout as TrainBatch.
+// cross-entropy given the prompt. Same column layout as TrainBatch. A
+// multi-turn demonstration's response holds the tool turns too; its loss mask
+// keeps them (mask 0) out of the loss, exactly as RL does.
 struct Demonstrations {
   std::vector<int32_t> prompt_tokens;
   std::vector<int64_t> prompt_offsets;  // N+1 entries
   std::vector<int32_t> response_tokens;
   std::vector<int64_t> response_offsets;  // N+1 entries
+  // Optional: 1 = trained token, 0 = environment token, one per response
+  // token. Empty = every response token is trained.
+  std::vector<uint8_t> loss_mask;
 
   int64_t num_sequences() const {
     return prompt_offsets.empty() ? 0 : static_cast<int64_t>(prompt_offsets.size()) - 1;
   }
-  // Appends one pair (convenience for tests and tools).
+  // Appends one pair, every response token trained (convenience for tests and tools).
   void Add(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response);
+  // Appends one pair with a per-token loss mask (`mask` must have
+  // response.size() entries; ValidateDemonstrations reports a mismatch).
+  void Add(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response,
+           const std::vector<uint8_t>& mask);
 };
 
+// Checks the columns as ValidateTrainBatch does, and the loss mask (empty, or
+// one 0/1 entry per response token) and that at least one token is trained.
 Status ValidateDemonstrations(const Demonstrations& demos, const BatchLimits& limits);
 
 }  // namespace troupe::trainer

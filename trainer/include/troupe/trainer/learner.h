@@ -92,8 +92,9 @@ class Learner {
   Result<StepMetrics> Step();
 
   // One supervised (cross-entropy) update on demonstrations at
-  // config.supervised_lr, token-mean over response tokens. Increases the
-  // version like any update. kInvalidArgument for malformed demonstrations.
+  // config.supervised_lr, token-mean over the trained response tokens (mask 1;
+  // all of them without a mask). Increases the version like any update.
+  // kInvalidArgument for malformed demonstrations.
   Result<StepMetrics> SupervisedStep(const Demonstrations& demos);
 
   // Forgets the AdamW moments (e.g. between the supervised warm start and RL:
