@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "troupe/actors/runtime.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/memory.h"
+#include "troupe/launcher/run_dir.h"
 #include "troupe/transport/allocator.h"
 #include "troupe/transport/zmq_network.h"
 
@@ -44,13 +46,24 @@ void SignalThread(sigset_t set) {
   }
 }
 
-Result<transport::CurveOptions> ReadSecrets() {
+// Reads the JSON the launcher writes on stdin: CURVE keys and, for actors on
+// remote hosts, the job's resolved config. A host that does not share the run
+// folder gets the config written to `config_path` (only if it is missing there).
+Result<transport::CurveOptions> ReadSecrets(const std::string& config_path) {
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   transport::CurveOptions c;
   if (text.empty()) return c;
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("secrets on stdin are not a JSON object");
+  if (j.contains("config_yaml") && j["config_yaml"].is_string() && !config_path.empty() &&
+      ::access(config_path.c_str(), F_OK) != 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(config_path).parent_path(), ec);
+    TROUPE_RETURN_IF_ERROR(
+        launcher::WriteFileAtomic(config_path, j["config_yaml"].get<std::string>(), 0600)
+            .WithContext("writing the job config received on stdin"));
+  }
   if (!j.value("curve", false)) return c;
   c.enabled = true;
   c.server.public_key = j.value("server_public", "");
@@ -124,7 +137,7 @@ int main(int argc, char** argv) {
   transport::ZmqNetworkOptions no;
   no.identity.actor_id = args.id;
   if (secrets_stdin) {
-    auto curve = ReadSecrets();
+    auto curve = ReadSecrets(args.config);
     if (!curve.ok()) {
       logger.error("{}", curve.status().ToString());
       stop_sig_thread();

@@ -184,6 +184,7 @@ class LearnerRole {
   void SendGrants();
   Status TrainStep();
   Status Checkpoint(const char* why);
+  Status CheckpointIfAcksPile();
   void ReleaseAcks(bool all_finished);
   void Report(const trainer::StepMetrics& m);
   void SendEval(const EvalResult& e);
@@ -213,7 +214,16 @@ class LearnerRole {
     bool rejected = false;
     std::string reason;
     int64_t groups = 0;
+    int64_t sequences = 0;
+    std::string source;  // "<producer id>/<incarnation hex>" (the batch id's prefix)
   };
+  // Sequences decided (trained or dropped) per producer incarnation, kept in
+  // the checkpoint sidecar: the head's accounting for a rollout incarnation
+  // that died uses them instead of its last (possibly older) report.
+  std::map<std::string, int64_t> decided_by_source_;
+  void Decided(const Held& h) {
+    if (!h.source.empty()) decided_by_source_[h.source] += h.sequences;
+  }
   std::map<std::string, Held> held_;
   std::vector<Held> decided_unacked_;  // rejections waiting for a checkpoint
 
@@ -229,6 +239,8 @@ class LearnerRole {
   uint64_t invalid_unreadable_ =
       0;  // scored batches the codec rejected (the trainer never saw them)
   uint64_t invalid_unreadable_seqs_ = 0;  // their sequences (as the envelope claims)
+  uint64_t skipped_updates_ = 0;  // updates with no learning signal (every group uniform)
+  uint64_t ack_checkpoints_ = 0;  // early checkpoints taken to release acks
 };
 
 Status LearnerRole::Setup() {
@@ -442,10 +454,12 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     return;
   }
   std::string id = batch->batch_id;
+  const int64_t sequences = batch->num_sequences();
+  std::string source = id.substr(0, id.rfind('/') == std::string::npos ? 0 : id.rfind('/'));
   received_response_tokens_ += batch->num_response_tokens();
   auto adm = learner_->Offer(std::move(batch).value());
   if (adm.ok()) {
-    held_[id] = Held{std::move(d), false, false, "", groups};
+    held_[id] = Held{std::move(d), false, false, "", groups, sequences, source};
     return;
   }
   const Status& s = adm.status();
@@ -457,7 +471,8 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   credits_->Consumed(groups);
   TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "batch {} from {} dropped: {}", id,
                       producer, s.ToString());
-  Held h{std::move(d), true, true, s.ToString(), groups};
+  Held h{std::move(d), true, true, s.ToString(), groups, sequences, source};
+  Decided(h);
   if (job_.checkpoint.ack == "checkpoint")
     decided_unacked_.push_back(std::move(h));
   else
@@ -478,6 +493,7 @@ void LearnerRole::ReleaseAcks(bool checkpointed) {
     h.rejected = !f.trained;
     h.reason = f.reason;
     credits_->Consumed(h.groups);
+    Decided(h);
     decided_unacked_.push_back(std::move(h));
   }
   if (job_.checkpoint.ack == "trained" || checkpointed) {
@@ -531,6 +547,12 @@ Status LearnerRole::TrainStep() {
     train_tokens_ += m->padded_tokens;
     broadcaster_->Publish(learner_->version(), learner_->NamedWeights());
     Report(*m);
+  } else {
+    ++skipped_updates_;
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
+                        "update skipped: every group in it had uniform rewards, so there is no "
+                        "learning signal ({} skipped so far; the version stays {})",
+                        skipped_updates_, learner_->version());
   }
   ReleaseAcks(false);
   SendGrants();
@@ -552,9 +574,15 @@ Status LearnerRole::TrainStep() {
   if (job_.checkpoint.every_steps > 0 && u >= last_ckpt_update_ + job_.checkpoint.every_steps) {
     TROUPE_RETURN_IF_ERROR(Checkpoint("periodic"));
   }
-  if (u >= job_.stop.max_steps) {
+  TROUPE_RETURN_IF_ERROR(CheckpointIfAcksPile());
+  // Skipped updates count toward stop.max_steps: a policy that collapsed to
+  // uniform rewards must not run forever.
+  if (u + skipped_updates_ >= job_.stop.max_steps) {
     done_ = true;
-    done_reason_ = fmt::format("reached stop.max_steps = {}", job_.stop.max_steps);
+    done_reason_ = skipped_updates_ == 0
+                       ? fmt::format("reached stop.max_steps = {}", job_.stop.max_steps)
+                       : fmt::format("reached stop.max_steps = {} ({} updates, {} skipped)",
+                                     job_.stop.max_steps, u, skipped_updates_);
   }
   if (job_.stop.max_seconds > 0 &&
       rl_elapsed_before_ + SecondsSince(rl_t0_) >= job_.stop.max_seconds) {
@@ -582,6 +610,7 @@ void LearnerRole::WriteSidecar(const std::string& dir) {
         {{"sender", s.sender}, {"incarnation", s.incarnation}, {"next", s.next_expected}});
   }
   j["streams"] = streams;
+  j["decided_by_source"] = decided_by_source_;
   std::string tmp = dir + "/actor_state.json.tmp";
   {
     std::ofstream out(tmp);
@@ -605,6 +634,8 @@ bool LearnerRole::ReadSidecar() {
   rl_elapsed_before_ = j.value("rl_elapsed", 0.0);
   invalid_unreadable_ = j.value("invalid_unreadable", uint64_t{0});
   invalid_unreadable_seqs_ = j.value("invalid_unreadable_seqs", uint64_t{0});
+  decided_by_source_ =
+      j.value("decided_by_source", std::map<std::string, int64_t>{});
   std::vector<transport::StreamState> streams;
   for (const auto& s : j.value("streams", nlohmann::json::array())) {
     streams.push_back(
@@ -612,6 +643,19 @@ bool LearnerRole::ReadSidecar() {
   }
   receiver_->Restore(streams);
   return true;
+}
+
+// Senders keep every unacknowledged message in a bounded outbox. Updates that
+// train nothing (every group uniform) or dropped batches decide data without
+// advancing the update count, so periodic checkpoints alone could leave
+// decided batches unacknowledged until those outboxes fill and the pipeline
+// stalls: checkpoint early instead.
+Status LearnerRole::CheckpointIfAcksPile() {
+  if (job_.checkpoint.ack != "checkpoint" ||
+      decided_unacked_.size() < job_.checkpoint.max_unacked_batches)
+    return Status::Ok();
+  ++ack_checkpoints_;
+  return Checkpoint("to acknowledge decided batches");
 }
 
 Status LearnerRole::Checkpoint(const char* why) {
@@ -638,6 +682,7 @@ void LearnerRole::Finish() {
       {"final_accuracy", last_accuracy_},
       {"target_accuracy", job_.stop.target_accuracy},
       {"time_to_target_s", time_to_target_},
+      {"skipped_updates", static_cast<double>(skipped_updates_)},
       {"steps", static_cast<double>(RlUpdates())},
       {"elapsed_s", elapsed},
       {"gen_tokens_per_s", elapsed > 0 ? received_response_tokens_ / elapsed : 0},
@@ -654,6 +699,9 @@ void LearnerRole::Finish() {
                                                std::min(c.accepted_sequences - c.trained_sequences,
                                                         c.dropped_stale_sequences))},
       {"duplicates", static_cast<double>(c.duplicate_batches)}};
+  // Per producer incarnation: decided, and received but undecided (held).
+  for (const auto& [src, n] : decided_by_source_) fin["decided:" + src] = static_cast<double>(n);
+  for (const auto& [id, h] : held_) fin["held:" + h.source] += static_cast<double>(h.sequences);
   rt_.SendMetrics("final", RlUpdates(), learner_->version(), fin);
   Log().info(
       "done ({}): {} updates, best accuracy {:.3f}, trained {} sequences, dropped {} stale / {} "
@@ -705,6 +753,7 @@ Status LearnerRole::Run() {
     }
     if (learner_->ReadyToStep()) TROUPE_RETURN_IF_ERROR(TrainStep());
     if (rt_.TakeCheckpointRequest()) TROUPE_RETURN_IF_ERROR(Checkpoint("requested"));
+    TROUPE_RETURN_IF_ERROR(CheckpointIfAcksPile());
     if (SecondsSince(last_stats) > 0.5) {
       last_stats = std::chrono::steady_clock::now();
       auto c = learner_->counters();
@@ -715,6 +764,8 @@ Status LearnerRole::Run() {
                     {"dropped_stale", static_cast<double>(c.dropped_stale_sequences)},
                     {"dropped_invalid", static_cast<double>(c.dropped_invalid_sequences)},
                     {"credits_granted", static_cast<double>(credits_->granted())},
+                    {"skipped_updates", static_cast<double>(skipped_updates_)},
+                    {"ack_checkpoints", static_cast<double>(ack_checkpoints_)},
                     {"broadcast_failures", static_cast<double>(broadcaster_->failures())}});
       if (job_.stop.max_seconds > 0 &&
           rl_elapsed_before_ + SecondsSince(rl_t0_) >= job_.stop.max_seconds) {

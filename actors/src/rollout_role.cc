@@ -104,6 +104,8 @@ class RolloutRole {
   // Accounting (sequences).
   std::atomic<uint64_t> generated_{0}, resolved_{0}, rejected_{0};
   uint64_t rejected_groups_ = 0;
+  int64_t gen_tokens_ = 0;                                   // sampled tokens of finished groups
+  std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
   bool slow_ = false;  // fault injection (rollout.slow_actor)
   std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;
@@ -282,6 +284,7 @@ Status RolloutRole::SubmitGroups() {
     req.tag = serial;
     in_flight_[serial] = std::move(g);
     --credits_;
+    if (!first_submit_) first_submit_ = std::chrono::steady_clock::now();
     Status s =
         engine_->Submit(std::move(req), [this, serial](std::vector<engine::GenerationResult> res) {
           std::lock_guard<std::mutex> l(done_mu_);
@@ -319,6 +322,7 @@ void RolloutRole::CollectFinished() {
     int64_t tokens = 0;
     for (const auto& r : g.results) tokens += r.num_new_tokens;
     token_rate_.Add(static_cast<double>(tokens));
+    gen_tokens_ += tokens;
     if (slow_) {
       // A slow node: each group takes slow_ms_per_group longer (serially).
       auto base = std::max(std::chrono::steady_clock::now(), slow_until_);
@@ -457,10 +461,13 @@ Status RolloutRole::Run() {
     TROUPE_RETURN_IF_ERROR(SendReady(false));
     UpdateStats();
   }
+  double active_s = first_submit_ ? SecondsSince(*first_submit_) : 0;
   if (rt_.exit_reason() != ExitReason::kHeadLost) Drain();
   uint64_t gen = generated_.load(), res = resolved_.load();
   rt_.SendMetrics("final", 0, engine_->version(),
                   {{"generated", static_cast<double>(gen)},
+                   {"gen_tokens", static_cast<double>(gen_tokens_)},
+                   {"gen_active_s", active_s},
                    {"resolved", static_cast<double>(res)},
                    {"in_flight", static_cast<double>(gen - res)},
                    {"rejected_groups", static_cast<double>(rejected_groups_)}});

@@ -365,7 +365,17 @@ void ActorRuntime::HandleHeadMessage(const transport::InMessage& m) {
     case transport::MessageKind::HEARTBEAT:
       return;  // the head is alive
     case transport::MessageKind::CONTROL: {
-      auto cmd = m.envelope().getBody().getControl().getCommand();
+      auto ctl = m.envelope().getBody().getControl();
+      if (ctl.getTargetIncarnation() != 0 &&
+          ctl.getTargetIncarnation() != network_->identity().incarnation) {
+        // Meant for another incarnation of this actor id (one back from a
+        // partition shares our routing identity at the head): not for us.
+        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 2000,
+                            "ignoring a head command for another incarnation of {}",
+                            options_.actor_id);
+        return;
+      }
+      auto cmd = ctl.getCommand();
       switch (cmd.which()) {
         case wire::Control::Command::STOP:
           RequestExit(ExitReason::kStop);

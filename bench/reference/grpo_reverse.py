@@ -178,6 +178,8 @@ def main():
     ap.add_argument("--target", type=float, default=1.0)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--adv", choices=["grpo", "dr_grpo"], default="grpo")
+    ap.add_argument("--neg-scale", type=float, default=1.0, help="multiplies negative advantages")
+    ap.add_argument("--warmup", type=int, default=0, help="linear lr warmup updates")
     a = ap.parse_args()
     torch.manual_seed(a.seed); rng = random.Random(a.seed)
     held = make_prompts(random.Random(12345), 200)
@@ -192,7 +194,8 @@ def main():
         opt.zero_grad(); loss.backward(); opt.step()
     warm = evaluate(model, held)
     print(f"warm start: {a.warm_steps} steps, held-out exact match {warm:.3f}", flush=True)
-    for g in opt.param_groups: g["lr"] = a.lr
+    # RL starts with fresh AdamW moments, as the C++ learner does by default.
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(a.seed)
     t0 = time.time(); gen_t = train_t = 0.0; gen_tok = train_tok = 0
     marks = {}
@@ -212,6 +215,8 @@ def main():
         if a.adv == "grpo":
             adv = adv / (rg.std(1, keepdim=True) + 1e-6)
         adv = adv.view(-1)
+        adv = torch.where(adv < 0, adv * a.neg_scale, adv)
+        for g in opt.param_groups: g["lr"] = a.lr * min(1.0, (step + 1) / a.warmup) if a.warmup > 0 else a.lr
         tt = time.time()
         ids, mask = pack(pids, rs)
         logits = model(ids)[:, :-1]

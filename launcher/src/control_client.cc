@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "troupe/launcher/spawner.h"
 #include "troupe/transport/message.h"
 #include "troupe/transport/zmq_network.h"
 
@@ -26,6 +27,7 @@ Result<HeadInfo> ReadHeadInfo(const RunDir& run) {
   h.endpoint = j.value("endpoint", "");
   h.pid = j.value("pid", 0);
   h.job = j.value("job", "");
+  h.host = j.value("host", "");
   return h;
 }
 
@@ -34,6 +36,7 @@ Status WriteHeadInfo(const RunDir& run, const HeadInfo& info) {
   j["endpoint"] = info.endpoint;
   j["pid"] = info.pid;
   j["job"] = info.job;
+  j["host"] = info.host.empty() ? HostName() : info.host;
   return WriteFileAtomic(run.head_file(), j.dump(2) + "\n");
 }
 
@@ -53,7 +56,10 @@ static Result<transport::CurveOptions> CliCurve(const RunDir& run) {
 Result<ControlResult> SendControl(const RunDir& run, const std::string& kind, Deadline deadline,
                                   const std::string& role, uint32_t count) {
   TROUPE_ASSIGN_OR_RETURN(HeadInfo head, ReadHeadInfo(run));
-  if (head.pid > 0 && ::kill(head.pid, 0) != 0 && errno == ESRCH) {
+  // The pid only says something on the head's own machine (`troupe run --submit`
+  // runs the head on a compute node).
+  const bool same_host = head.host.empty() || head.host == HostName();
+  if (same_host && head.pid > 0 && ::kill(head.pid, 0) != 0 && errno == ESRCH) {
     return Unavailable("the job in '{}' is not running (its head, pid {}, has exited)", run.path,
                        head.pid);
   }

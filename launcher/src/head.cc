@@ -99,7 +99,9 @@ struct Record {
   bool given_up = false;
   std::unique_ptr<std::ofstream> log;                       // logs/<id>.log
   std::map<std::string, double> final_report;               // the actor's "final" metrics
-  std::vector<std::map<std::string, double>> dead_reports;  // last stats of replaced incarnations
+  // Last stats of incarnations that died, with their source key
+  // ("<id>/<incarnation hex>", the prefix of the batch ids they produced).
+  std::vector<std::pair<std::string, std::map<std::string, double>>> dead_reports;
 
   bool alive() const { return proc != nullptr; }
   bool registered() const { return incarnation != 0; }
@@ -173,7 +175,7 @@ class Head::Impl {
   void OnLog(const transport::InMessage& m);
   void OnMetrics(const transport::InMessage& m);
   void OnControl(const std::string& peer, const transport::InMessage& m);
-  void SendShutdown(const std::string& peer, const char* why);
+  void SendShutdown(const std::string& peer, const char* why, uint64_t incarnation);
   void SendControl(Record& r, int command);
   void SendTo(const std::string& peer, const OutMessage& m);
   void BroadcastDirectory();
@@ -222,6 +224,8 @@ class Head::Impl {
   bool finished_ = false;
   int stop_requests_seen_offset_ = 0;
   std::vector<std::map<std::string, double>> retired_reports_;  // final reports of removed actors
+  std::vector<std::pair<std::string, std::map<std::string, double>>>
+      retired_dead_reports_;  // dead incarnations of removed actors
 };
 
 // ------------------------------------------------------------------ supervision
@@ -248,10 +252,8 @@ void Head::Impl::Launch(Record& r) {
   l.env = o_.actor_env;
   l.output_file = o_.run.logs() + "/" + r.id + ".out";
   l.secrets = o_.actor_secrets;
-  auto it = o_.roles.find(r.role);
-  if (it != o_.roles.end() && !it->second.hosts.empty()) {
-    l.host = it->second.hosts[static_cast<size_t>(r.index) % it->second.hosts.size()];
-  }
+  // l.host stays empty: the spawner places the actor by its role's rules (hosts,
+  // resources, per_node) and re-places it when a host refuses.
   r.incarnation = 0;
   r.expect_exit = false;
   r.restart_at.reset();
@@ -273,7 +275,8 @@ void Head::Impl::Launch(Record& r) {
 }
 
 void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
-  if (r.incarnation != 0 && !r.stats.empty()) r.dead_reports.push_back(r.stats);
+  if (r.incarnation != 0 && !r.stats.empty())
+    r.dead_reports.emplace_back(fmt::format("{}/{:x}", r.id, r.incarnation), r.stats);
   r.stats.clear();
   r.incarnation = 0;
   if (shutting_down_ || r.remove_on_exit) return;
@@ -394,7 +397,7 @@ void Head::Impl::Tick() {
   for (auto& id : forget) {
     Record& r = actors_[id];
     if (!r.final_report.empty()) retired_reports_.push_back(r.final_report);
-    for (auto& d : r.dead_reports) retired_reports_.push_back(d);
+    for (auto& d : r.dead_reports) retired_dead_reports_.push_back(d);
     actors_.erase(id);
     directory_dirty_ = true;
   }
@@ -482,10 +485,14 @@ void Head::Impl::SendTo(const std::string& peer, const OutMessage& m) {
   }
 }
 
-void Head::Impl::SendShutdown(const std::string& peer, const char* why) {
+// `incarnation`: the process the shutdown is for. An actor back from a
+// partition shares its id (the routing identity) with its replacement, so the
+// message may reach either; the replacement ignores one meant for the other.
+void Head::Impl::SendShutdown(const std::string& peer, const char* why, uint64_t incarnation) {
   OutMessage m;
   auto c = m.envelope().getBody().initControl();
   c.setRequestId(0);
+  c.setTargetIncarnation(incarnation);
   c.getCommand().setShutdown();
   SendTo(peer, m);
   TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 1000, "told {} to shut down: {}", peer, why);
@@ -496,6 +503,7 @@ void Head::Impl::SendControl(Record& r, int command) {
   OutMessage m;
   auto c = m.envelope().getBody().initControl();
   c.setRequestId(0);
+  c.setTargetIncarnation(r.incarnation);
   switch (command) {
     case 2:
       c.getCommand().setStop();
@@ -556,19 +564,19 @@ void Head::Impl::OnRegister(const std::string& peer, const transport::InMessage&
   std::string id = reg.getActorId();
   Record* r = Find(id);
   if (!r || id != peer) {
-    SendShutdown(peer, "unknown actor (not started by this head)");
+    SendShutdown(peer, "unknown actor (not started by this head)", m.incarnation());
     return;
   }
   if (r->registered() && r->incarnation != m.incarnation()) {
     // A replaced incarnation (e.g. back from a partition) must not run twice.
     if (r->alive() &&
         Clock::now() - r->last_heard < std::chrono::milliseconds(o_.spec.heartbeat_timeout_ms)) {
-      SendShutdown(peer, "another incarnation of this actor is registered");
+      SendShutdown(peer, "another incarnation of this actor is registered", m.incarnation());
       return;
     }
   }
   if (!r->alive() || r->expect_exit) {
-    SendShutdown(peer, "actor is not expected to run");
+    SendShutdown(peer, "actor is not expected to run", m.incarnation());
     return;
   }
   r->incarnation = m.incarnation();
@@ -590,12 +598,12 @@ void Head::Impl::OnRegister(const std::string& peer, const transport::InMessage&
 void Head::Impl::OnHeartbeat(const std::string& peer, const transport::InMessage& m) {
   Record* r = Find(peer);
   if (!r || !r->alive()) {
-    SendShutdown(peer, "unknown or replaced actor");
+    SendShutdown(peer, "unknown or replaced actor", m.incarnation());
     return;
   }
   if (!r->registered()) return;  // registration in flight; ignore
   if (r->incarnation != m.incarnation()) {
-    SendShutdown(peer, "replaced incarnation");
+    SendShutdown(peer, "replaced incarnation", m.incarnation());
     return;
   }
   auto hb = m.envelope().getBody().getHeartbeat();
@@ -628,6 +636,13 @@ void Head::Impl::OnLog(const transport::InMessage& m) {
 void Head::Impl::OnMetrics(const transport::InMessage& m) {
   auto mt = m.envelope().getBody().getMetrics();
   std::string sender(m.sender());
+  if (Record* r = Find(sender); r && r->incarnation != m.incarnation()) {
+    // A replaced incarnation (e.g. back from a partition): its numbers were
+    // already accounted from its last heartbeat; a late report would count twice.
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 2000,
+                        "ignoring metrics from a replaced incarnation of {}", sender);
+    return;
+  }
   std::string kind = mt.getKind();
   nlohmann::json j;
   j["time_ns"] = m.envelope().getSendTimeNs();
@@ -813,20 +828,33 @@ void Head::Impl::WriteSummary() {
       if (it != rep.end()) acc[k] += it->second;
     }
   };
+  // The learner's view of each producer incarnation: sequences it decided
+  // (trained or dropped) and holds undecided.
+  std::map<std::string, double> learner_view;
+  for (auto& [id, r] : actors_) {
+    if (r.role != "learner") continue;
+    for (const auto& [k, v] : r.final_report.empty() ? r.stats : r.final_report)
+      if (k.rfind("decided:", 0) == 0 || k.rfind("held:", 0) == 0) learner_view[k] += v;
+  }
+  // An incarnation that died: its last report may predate batches it sent
+  // (they were trained, or sit with the learner). It generated at least what
+  // it reported and at least what reached the learner; of that, what the
+  // learner never got is lost with it, what the learner holds is in flight.
+  auto add_dead = [&](const std::string& source, const std::map<std::string, double>& d) {
+    auto gen = d.find("generated");
+    if (gen == d.end()) return;  // not a producer (a learner's numbers are restored, not summed)
+    double decided = learner_view["decided:" + source], held = learner_view["held:" + source];
+    double generated = std::max(gen->second, decided + held);
+    acc["generated"] += generated;
+    acc["in_flight"] += held;
+    acc["lost_with_actor"] += generated - decided - held;
+  };
   for (auto& [id, r] : actors_) {
     add(r.final_report.empty() ? r.stats : r.final_report);
-    for (auto& d : r.dead_reports) {
-      // An incarnation that died: what it generated and had not seen resolved is lost with it.
-      auto gen = d.find("generated");
-      auto res = d.find("resolved");
-      if (gen != d.end()) {
-        acc["generated"] += gen->second;
-        double resolved = res == d.end() ? 0 : res->second;
-        acc["lost_with_actor"] += gen->second - resolved;
-      }
-    }
+    for (auto& [source, d] : r.dead_reports) add_dead(source, d);
   }
   for (auto& rep : retired_reports_) add(rep);
+  for (auto& [source, d] : retired_dead_reports_) add_dead(source, d);
   std::lock_guard<std::mutex> g(summary_mu_);
   summary_.accounting = acc;
   nlohmann::json j;

@@ -253,9 +253,13 @@ void Describe(Binder& b, CheckpointSpec& c) {
   b.Field("every_steps", &c.every_steps, "checkpoint every N RL updates (0: only at stop)");
   b.Field("ack", &c.ack,
           "acknowledge batches at: checkpoint (exactly-once across learner restarts) | trained");
+  b.Field("max_unacked_batches", &c.max_unacked_batches,
+          "ack = checkpoint: checkpoint early once this many decided batches await their ack "
+          "(bounds the senders' outboxes)");
 }
 void Describe(Binder& b, StopSpec& c) {
-  b.Field("max_steps", &c.max_steps, "RL optimizer updates");
+  b.Field("max_steps", &c.max_steps,
+          "RL updates (skipped ones, where every group had uniform rewards, included)");
   b.Field("target_accuracy", &c.target_accuracy, "held-out accuracy that ends the job (0: never)");
   b.Field("max_seconds", &c.max_seconds, "wall seconds of RL (0: no limit)");
 }
@@ -350,6 +354,8 @@ void Describe(Binder& b, JobConfig& c) {
   if (c.name.empty() || c.name.find('/') != std::string::npos)
     b.Error("name", "must be non-empty and contain no '/'");
   if (c.learner.count > 1) b.Error("learner.count", "must be 0 or 1 (one learner per job)");
+  if (c.learner.count == 0 && c.echo.count == 0)
+    b.Error("learner.count", "must be 1: a job needs its learner (0 only for echo test jobs)");
   if (c.learner.count == 1 && c.rollout.count == 0)
     b.Error("rollout.count", "a job with a learner needs at least one rollout actor");
   if (c.learner.count == 1 && c.reward.count == 0)
@@ -405,6 +411,9 @@ void Describe(Binder& b, JobConfig& c) {
   if (c.checkpoint.ack != "checkpoint" && c.checkpoint.ack != "trained") {
     b.Error("checkpoint.ack", "must be checkpoint or trained, got '" + c.checkpoint.ack + "'");
   }
+  if (c.checkpoint.max_unacked_batches == 0 || c.checkpoint.max_unacked_batches > 200)
+    b.Error("checkpoint.max_unacked_batches",
+            "must be in [1, 200] (senders hold at most 256 unacknowledged messages)");
   if (c.stop.target_accuracy < 0 || c.stop.target_accuracy > 1)
     b.Error("stop.target_accuracy", "must be in [0, 1]");
   if (c.stop.max_seconds < 0) b.Error("stop.max_seconds", "must be >= 0");

@@ -9,9 +9,10 @@ void Describe(config::Binder& b, RoleProcess& c) {
   b.Field("restart_backoff_ms", &c.restart_backoff_ms,
           "delay before the first restart; doubles per restart, capped at 30 s");
   b.Field("hosts", &c.hosts,
-          "ssh backend: hosts for this role, round robin (empty: all cluster hosts)");
+          "ssh/slurm: hosts (nodes) this role may use (empty: every host of the cluster)");
   b.Field("per_node", &c.per_node,
-          "slurm backend: actors per node (0: pack on as few nodes as possible)");
+          "ssh/slurm: fill a host up to this many actors of the role before using the next "
+          "(0: spread evenly over the allowed hosts)");
   b.Field("resources", &c.resources, "resource tags a host must offer for this role (e.g. gpu)");
 }
 
@@ -59,6 +60,11 @@ void Describe(config::Binder& b, ClusterSpec& c) {
   b.Field("identity_file", &c.identity_file, "ssh private key (empty: ssh's default)");
   b.Field("slurm_partition", &c.slurm_partition, "slurm backend: partition (empty: the default)");
   b.Field("srun_options", &c.srun_options, "slurm backend: extra srun arguments");
+  b.Field("ssh_config", &c.ssh_config,
+          "ssh backend: ssh client config file, passed with -F (empty: ~/.ssh/config)");
+  b.Field("slurm_nodes", &c.slurm_nodes,
+          "`troupe run --submit`: nodes to ask sbatch for (0: sum of the roles' nodes)");
+  b.Field("sbatch_options", &c.sbatch_options, "`troupe run --submit`: extra sbatch arguments");
   // hosts: a list of mappings.
   b.List("hosts", &c.hosts,
          "ssh backend: the hosts (list of {name, address, user, port, slots, resources})");

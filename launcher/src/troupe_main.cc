@@ -1,6 +1,7 @@
 // troupe: the command-line front door.
 //
 //   troupe run CONFIG [--set key=value ...] [--detach]    launch a job (hosts its head)
+//   troupe run CONFIG --submit                            submit it to Slurm with sbatch
 //   troupe run --resume RUN                               continue from the last checkpoint
 //   troupe status [RUN]                                   actors table
 //   troupe logs [RUN] ACTOR [-f] | --all [-f]             one actor's log / all, interleaved
@@ -14,6 +15,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -29,6 +32,7 @@
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
 #include "troupe/launcher/subprocess.h"
+#include "remote_spawner.h"
 #include "troupe/transport/curve.h"
 #include "troupe/transport/zmq_network.h"
 
@@ -58,6 +62,7 @@ struct RunArgs {
   std::string config;
   std::vector<std::string> sets;
   bool detach = false;
+  bool submit = false;
   std::string resume;
   std::string runs_dir;
   std::string log_level = "info";
@@ -73,11 +78,18 @@ void StopSignalThread(sigset_t set) {
   }
 }
 
+// What actors read on stdin (JSON): the CURVE keys when CURVE is on and, for
+// remote backends, the resolved config (hosts need not share the run folder).
 Result<std::string> MakeSecrets(const JobConfig& job, const RunDir& run,
                                 transport::CurveOptions* head_curve) {
   bool multi_host = job.cluster.backend != "local";
   bool on = job.cluster.curve == "on" || (job.cluster.curve == "auto" && multi_host);
-  if (!on) return std::string();
+  nlohmann::json stdin_json;
+  if (multi_host) {
+    TROUPE_ASSIGN_OR_RETURN(std::string config_text, ReadFile(run.config()));
+    stdin_json["config_yaml"] = config_text;
+  }
+  if (!on) return multi_host ? stdin_json.dump() : std::string();
   TROUPE_ASSIGN_OR_RETURN(auto server, transport::GenerateCurveKeyPair());
   TROUPE_ASSIGN_OR_RETURN(auto client, transport::GenerateCurveKeyPair());
   nlohmann::json j;
@@ -92,7 +104,82 @@ Result<std::string> MakeSecrets(const JobConfig& job, const RunDir& run,
   head_curve->server = server;
   head_curve->client = client;
   head_curve->allowed_client_public_keys = {client.public_key};
+  if (multi_host) j["config_yaml"] = stdin_json["config_yaml"];
   return j.dump();
+}
+
+// The roles the head supervises (roles without actors that cannot be scaled are left out).
+std::map<std::string, RoleProcess> JobRoles(const JobConfig& job) {
+  std::map<std::string, RoleProcess> roles;
+  roles["learner"] = job.learner;
+  roles["rollout"] = job.rollout;
+  roles["reward"] = job.reward;
+  if (job.echo.count > 0) roles["echo"] = job.echo;
+  for (auto it = roles.begin(); it != roles.end();) {
+    if (it->second.count == 0 && it->first != "rollout" && it->first != "reward")
+      it = roles.erase(it);
+    else
+      ++it;
+  }
+  return roles;
+}
+
+// The hosts a remote backend places actors on (slurm: the allocation's nodes).
+Result<std::vector<HostSpec>> BackendHosts(const JobConfig& job, std::string* slurm_job) {
+  if (job.cluster.backend != "slurm") return job.cluster.hosts;
+  const char* id = std::getenv("SLURM_JOB_ID");
+  const char* nodes = std::getenv("SLURM_JOB_NODELIST");
+  if (!id || !*id)
+    return InvalidArgument("cluster.backend is slurm but this is not a Slurm allocation (no "
+                           "SLURM_JOB_ID): start `troupe run` under salloc or sbatch, or add "
+                           "--submit to submit the job with sbatch");
+  *slurm_job = id;
+  return SlurmAllocationHosts(job.cluster, nodes ? nodes : "", Deadline::InMs(30000));
+}
+
+// `troupe run CONFIG --submit`: the whole job (its head included) becomes one sbatch job.
+int CmdSubmit(const JobConfig& job, const RunArgs& a) {
+  if (job.cluster.backend != "slurm")
+    return Fail("--submit needs cluster.backend: slurm (this job's backend is '" +
+                    job.cluster.backend + "')",
+                2);
+  std::error_code ec;
+  std::string runs = fs::absolute(job.runs_dir, ec).lexically_normal().string();
+  fs::create_directories(runs + "/submitted", ec);
+  if (ec) return Fail("cannot create " + runs + "/submitted: " + ec.message());
+  char stamp[32];
+  std::time_t t = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&t));
+  std::string base = runs + "/submitted/" + job.name + "-" + stamp;
+  Status w = WriteFileAtomic(base + ".yaml", ResolvedConfigYaml(job));
+  if (!w.ok()) return Fail(w.message());
+  std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return Fail("cannot find the troupe binary: " + ec.message());
+  std::string script = "#!/bin/sh\n# Written by `troupe run --submit`: the head of job '" +
+                       job.name + "' runs here, inside the allocation.\nexec " +
+                       remote::ShellQuote(self) + " --runs-dir " + remote::ShellQuote(runs) +
+                       " run " + remote::ShellQuote(base + ".yaml") + " --log-level " +
+                       remote::ShellQuote(a.log_level) + "\n";
+  w = WriteFileAtomic(base + ".sbatch", script, 0755);
+  if (!w.ok()) return Fail(w.message());
+  uint32_t nodes = SlurmNodesNeeded(job.cluster, JobRoles(job));
+  std::vector<std::string> argv = {"sbatch", "--parsable", "--job-name=troupe-" + job.name,
+                                   "--nodes=" + std::to_string(nodes),
+                                   "--output=" + base + "-%j.out"};
+  if (!job.cluster.slurm_partition.empty())
+    argv.push_back("--partition=" + job.cluster.slurm_partition);
+  argv.insert(argv.end(), job.cluster.sbatch_options.begin(), job.cluster.sbatch_options.end());
+  argv.push_back(base + ".sbatch");
+  auto out = remote::RunCapture(argv, {}, Deadline::InMs(60000));
+  if (!out.ok()) return Fail("sbatch: " + out.status().message());
+  std::string id = *out;
+  while (!id.empty() && std::isspace(static_cast<unsigned char>(id.back()))) id.pop_back();
+  id = id.substr(id.find_last_of('\n') == std::string::npos ? 0 : id.find_last_of('\n') + 1);
+  id = id.substr(0, id.find(';'));
+  std::cout << "submitted " << job.name << " to Slurm as job " << id << " (" << nodes
+            << (nodes == 1 ? " node" : " nodes") << ")\n  output: " << base << "-" << id
+            << ".out\n  once it runs: troupe --runs-dir " << runs << " status\n";
+  return 0;
 }
 
 int CmdRun(RunArgs a) {
@@ -111,6 +198,31 @@ int CmdRun(RunArgs a) {
   }
   if (!job.ok()) return Fail(job.status().message(), 2);
   if (!a.runs_dir.empty()) job->runs_dir = a.runs_dir;
+  if (a.submit) {
+    if (!a.resume.empty()) return Fail("--submit cannot be combined with --resume", 2);
+    return CmdSubmit(*job, a);
+  }
+  // Where actors go and the address they reach the head at: settled before anything is created.
+  std::string slurm_job;
+  auto hosts = BackendHosts(*job, &slurm_job);
+  if (!hosts.ok()) return Fail(hosts.status().message(), 2);
+  auto advertise = ResolveAdvertiseAddress(job->cluster, *hosts);
+  if (!advertise.ok()) return Fail(advertise.status().message(), 2);
+  std::unique_ptr<Spawner> spawner;
+  if (job->cluster.backend == "local") {
+    spawner = NewLocalSpawner();
+  } else {
+    RemoteSpawnerOptions so;
+    so.cluster = job->cluster;
+    so.cluster.hosts = *hosts;
+    so.roles = JobRoles(*job);
+    // An unreachable host's actors exit by themselves after head_grace_ms: retry stops that long.
+    so.remote_kill_ms = std::max<uint32_t>(so.remote_kill_ms, job->head.head_grace_ms + 5000);
+    so.slurm_job_id = slurm_job;
+    auto sp = job->cluster.backend == "ssh" ? NewSshSpawner(so) : NewSlurmSpawner(so);
+    if (!sp.ok()) return Fail(sp.status().message(), 2);
+    spawner = std::move(sp).value();
+  }
   if (a.resume.empty()) {
     auto r = CreateRunDir(job->runs_dir, job->name);
     if (!r.ok()) return Fail(r.status().message());
@@ -175,20 +287,9 @@ int CmdRun(RunArgs a) {
   ho.job_name = job->name;
   ho.run = run;
   ho.spec = job->head;
-  ho.roles["learner"] = job->learner;
-  ho.roles["rollout"] = job->rollout;
-  ho.roles["reward"] = job->reward;
-  if (job->echo.count > 0) ho.roles["echo"] = job->echo;
-  for (auto it = ho.roles.begin(); it != ho.roles.end();) {
-    if (it->second.count == 0 && it->first != "rollout" && it->first != "reward")
-      it = ho.roles.erase(it);
-    else
-      ++it;
-  }
+  ho.roles = JobRoles(*job);
   if (!ho.roles.count("learner")) ho.completion_role = "";
-  std::string host =
-      job->cluster.advertise_address.empty() ? "127.0.0.1" : job->cluster.advertise_address;
-  ho.bind_endpoint = "tcp://" + host + ":0";
+  ho.bind_endpoint = "tcp://" + *advertise + ":0";
   ho.actor_binary = actor_binary;
   ho.actor_args = {"--config", run.config()};
   if (!secrets->empty()) {
@@ -203,7 +304,7 @@ int CmdRun(RunArgs a) {
               << (line.rfind('\r', 0) == 0 && line.find("\033[K") == std::string::npos ? "" : "\n")
               << std::flush;
   };
-  auto head = Head::Create(ho, std::move(net).value(), NewLocalSpawner());
+  auto head = Head::Create(ho, std::move(net).value(), std::move(spawner));
   if (!head.ok()) return Fail(head.status().message());
   Status w = WriteHeadInfo(run, HeadInfo{(*head)->endpoint(), ::getpid(), job->name});
   if (!w.ok()) return Fail(w.message());
@@ -357,6 +458,10 @@ int CmdStop(const std::string& runs_dir, std::vector<std::string> pos, int wait_
   if (!r.ok()) return Fail(r.status().message());
   std::cout << r->message << "\n";
   if (wait_s <= 0 || !info.ok() || info->pid <= 0) return 0;
+  if (!info->host.empty() && info->host != HostName()) {
+    std::cout << "the head runs on " << info->host << ": not waiting for it here\n";
+    return 0;
+  }
   auto deadline = Deadline::In(std::chrono::seconds(wait_s));
   while (!deadline.expired()) {
     if (::kill(info->pid, 0) != 0) {
@@ -394,6 +499,9 @@ int main(int argc, char** argv) {
   run->add_option("config", ra.config, "job config (YAML)");
   run->add_option("--set", ra.sets, "override a config key: --set trainer.lr=3e-4 (repeatable)");
   run->add_flag("--detach", ra.detach, "run the head in the background");
+  run->add_flag("--submit", ra.submit,
+                "submit the whole job to Slurm with sbatch (cluster.backend: slurm); the head "
+                "runs inside the allocation");
   run->add_option("--resume", ra.resume,
                   "continue RUN (a run folder or name) from its last checkpoint");
   run->add_option("--log-level", ra.log_level, "head log level");

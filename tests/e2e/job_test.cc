@@ -179,7 +179,9 @@ void ExpectAccountingHolds(const Job& job) {
 }
 
 TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
-  Job job(Short(120), "learns");
+  // ~400 updates: the default config's held-out accuracy climbs from the warm
+  // start's ~0.45 to ~0.65 by then (it reaches 0.95 after ~1000).
+  Job job(Short(400, {"eval.every_steps=20"}), "learns");
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
   // Learning: the held-out reward rises above the warm start.
@@ -190,7 +192,7 @@ TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
   double start = warm[0].value("eval_accuracy", 0.0);
   double best = 0;
   for (auto& ev : evals) best = std::max(best, ev.value("eval_accuracy", 0.0));
-  EXPECT_GT(best, start + 0.05) << "held-out accuracy did not rise: warm start " << start
+  EXPECT_GT(best, start + 0.08) << "held-out accuracy did not rise: warm start " << start
                                 << ", best " << best;
   // Every trained batch was within max_policy_lag.
   auto trains = job.Metrics("train");

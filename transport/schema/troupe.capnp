@@ -155,6 +155,8 @@ struct Control {
     shutdown @6 :Void;         # head -> actor: exit now (after flushing logs)
     runInfo @7 :Void;          # reply carries run folder, job name, progress
   }
+  targetIncarnation @8 :UInt64;  # head -> actor: the incarnation the command is for; another
+                                 # incarnation with the same id ignores it (0: any)
 }
 
 struct Scale {

@@ -22,6 +22,7 @@ struct HeadInfo {
   std::string endpoint;
   int pid = 0;
   std::string job;
+  std::string host;  // machine the head runs on (its pid means nothing elsewhere); "" = unknown
 };
 Result<HeadInfo> ReadHeadInfo(const RunDir& run);
 Status WriteHeadInfo(const RunDir& run, const HeadInfo& info);

@@ -90,6 +90,11 @@ struct CheckpointSpec {
   uint32_t every_steps = 50;       // checkpoint every N RL updates (0: only at stop)
   std::string ack = "checkpoint";  // when batches are acknowledged: checkpoint (exactly-once across
                                    // learner restarts) | trained
+  // ack = checkpoint: a checkpoint is taken early once this many decided
+  // batches wait for their acknowledgement (senders hold unacknowledged
+  // messages in a bounded outbox; without this, updates skipped because every
+  // group was uniform would fill it and stall the pipeline).
+  uint32_t max_unacked_batches = 64;
 };
 
 // When the job ends (the first condition met).
@@ -113,7 +118,13 @@ struct JobConfig {
   RolloutSettings rollout_settings;  // rollout.* role settings
   RewardSettings reward_settings;    // reward.* role settings
 
-  engine::ModelConfig model;  // the policy
+  // The policy. vocab_size starts at 0 (the tokenizer's size) so a config that
+  // does not name it is valid with any alphabet.
+  engine::ModelConfig model = [] {
+    engine::ModelConfig m;
+    m.vocab_size = 0;
+    return m;
+  }();
   TokenizerSpec tokenizer;
   std::vector<envs::TaskConfig> tasks;       // `task:` (one) or `tasks:` (several)
   envs::EpisodeConfig episode;               // multi-turn limits

@@ -20,8 +20,9 @@ struct RoleProcess {
   uint32_t restart_backoff_ms =
       500;  // delay before the first restart; doubles per restart, capped at 30 s
   std::vector<std::string>
-      hosts;              // ssh backend: hosts to place on, round robin (empty: cluster.hosts)
-  uint32_t per_node = 0;  // slurm backend: actors per node (0: as many as needed on one node)
+      hosts;  // ssh/slurm: hosts (nodes) this role may use (empty: every host of the cluster)
+  uint32_t per_node = 0;  // ssh/slurm: fill a host up to this many actors of the role before
+                          // using the next (0: spread evenly over the allowed hosts)
   std::vector<std::string> resources;  // resource tags the host must offer (e.g. "gpu")
 };
 void Describe(config::Binder& b, RoleProcess& c);
@@ -60,6 +61,9 @@ struct ClusterSpec {
   std::string identity_file;             // ssh private key (empty: ssh's default)
   std::string slurm_partition;  // slurm backend: partition for sbatch/srun (empty: default)
   std::vector<std::string> srun_options;  // extra srun arguments
+  std::string ssh_config;  // ssh client config file passed with -F (empty: ~/.ssh/config)
+  uint32_t slurm_nodes = 0;  // `troupe run --submit`: nodes to ask sbatch for (0: from the roles)
+  std::vector<std::string> sbatch_options;  // `troupe run --submit`: extra sbatch arguments
 };
 void Describe(config::Binder& b, ClusterSpec& c);
 

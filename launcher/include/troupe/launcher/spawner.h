@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "troupe/core/deadline.h"
 #include "troupe/core/status.h"
+#include "troupe/launcher/job_spec.h"
 #include "troupe/launcher/subprocess.h"
 
 namespace troupe::launcher {
@@ -62,5 +64,73 @@ std::unique_ptr<Spawner> NewLocalSpawner();
 
 // This machine's host name.
 std::string HostName();
+
+// ---- Remote backends: ssh and slurm (docs/multinode.md).
+//
+// Placement: each actor goes to a host its role allows (RoleProcess.hosts, or
+// every host; RoleProcess.resources must be offered by the host; at most
+// RoleProcess.per_node actors of the role and HostSpec.slots actors in all per
+// host), spreading a role over its hosts (fewest actors of the role first). A
+// non-empty ActorLaunch.host pins the actor to that host. The actor is started
+// with `--bind-host <HostSpec.address>`, so it binds and advertises its own
+// host's address, and its environment is set on the remote command line (env
+// K=V); secrets travel on the client's stdin, never on a command line.
+//
+// Stopping: the remote command reports its pid (its process group) before it
+// execs the actor; Terminate/Kill signal that group on the host with a second
+// client command, asynchronously, retried for remote_kill_ms while the host is
+// unreachable (the actor also exits by itself once the head is silent for
+// head.head_grace_ms). Kill also ends the local client at once.
+//
+// Refusals: a launch that ends before the actor started (ssh exit 255: refused,
+// unreachable, bad key; srun: node unavailable) is logged with the client's own
+// message, the host is avoided for host_down_ms, and the actor is re-placed on
+// another allowed host; when none is left the process ends with the client's
+// exit code and the head's restart policy takes over.
+//
+// Every call returns at once (clients and helpers run as child processes);
+// the spawner's destructor waits at most a few seconds for pending stops.
+struct RemoteSpawnerOptions {
+  ClusterSpec cluster;  // backend settings and hosts (slurm: the allocation's nodes, see below)
+  std::map<std::string, RoleProcess> roles;  // placement rules per role
+  uint32_t host_down_ms = 30000;  // a host that refused a launch is avoided this long (then retried)
+  uint32_t remote_kill_ms =
+      30000;  // keep retrying to signal a stopped actor on an unreachable host this long
+  uint32_t command_timeout_ms = 15000;  // bound of one helper command (remote signal, scontrol)
+  std::string slurm_job_id;  // slurm: the allocation the steps run in (the caller's SLURM_JOB_ID)
+};
+
+// ssh backend: `ssh -o BatchMode=yes [-F cluster.ssh_config] [-i identity] [-p port] [-l user]
+// [-o option...] HOST '<launch script>'`. StrictHostKeyChecking=accept-new and
+// ConnectTimeout=10 are added unless cluster.ssh_options or cluster.ssh_config set them.
+// InvalidArgument for hosts/roles that do not fit together.
+Result<std::unique_ptr<Spawner>> NewSshSpawner(RemoteSpawnerOptions options);
+
+// slurm backend: one `srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=NODE --overlap` step
+// per actor inside an existing allocation (options.slurm_job_id: run `troupe run` under
+// salloc/sbatch, or use `troupe run --submit`). options.cluster.hosts must be the
+// allocation's nodes (SlurmAllocationHosts). InvalidArgument without a job id.
+Result<std::unique_ptr<Spawner>> NewSlurmSpawner(RemoteSpawnerOptions options);
+
+// The nodes of an allocation (`nodelist` as in SLURM_JOB_NODELIST, expanded by
+// `scontrol show hostnames`), each with its NodeAddr, and its features and GRES
+// names as resource tags; an entry of cluster.hosts with the same name overrides
+// address, slots and resources. Blocks up to `deadline` (runs scontrol).
+Result<std::vector<HostSpec>> SlurmAllocationHosts(const ClusterSpec& cluster,
+                                                   const std::string& nodelist,
+                                                   Deadline deadline);
+
+// Nodes `troupe run --submit` asks sbatch for: cluster.slurm_nodes, else the sum
+// over roles with actors of ceil(count / per_node) (per_node 0: one node).
+uint32_t SlurmNodesNeeded(const ClusterSpec& cluster,
+                          const std::map<std::string, RoleProcess>& roles);
+
+// The address the head binds and publishes to actors: cluster.advertise_address;
+// else the IPv4 address of cluster.bind_interface; else, for remote backends, this
+// machine's address on the route to the first host; else 127.0.0.1. Refuses an
+// unspecified address, and a loopback one while some host is not this machine,
+// naming the host. Blocks only for name resolution of host names.
+Result<std::string> ResolveAdvertiseAddress(const ClusterSpec& cluster,
+                                            const std::vector<HostSpec>& hosts);
 
 }  // namespace troupe::launcher

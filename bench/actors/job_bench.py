@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Job-level benchmarks of Troupe (issue 6), each against a peer or a limit in the same run.
+
+  1. default job vs the Python peer: wall time from the end of the warm start to
+     95% held-out exact match, `troupe run configs/tiny_reverse.yaml` against a
+     plain single-process PyTorch GRPO loop (bench/reference/grpo_reverse.py) with
+     the same task, model, batch shape and learning recipe.
+  2. asynchrony: wall time to the same held-out accuracy with max_policy_lag 0
+     vs 2 (target: >= 1.5x faster with lag).
+  3. actor-system overhead: one rollout actor's tokens/s inside the full job vs
+     the engine alone doing the same work (bench/actors/standalone_rollout), in
+     the same run (target: >= 0.9).
+
+Usage: bench/actors/job_bench.py [--build build] [--only default,async,overhead]
+Ends with one JSON line of the figures and ratios.
+"""
+import argparse, json, os, re, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
+
+
+def troupe_run(build, sets, timeout):
+    """Runs a job in a private runs folder; returns the parsed metrics.jsonl records."""
+    runs = tempfile.mkdtemp(prefix="troupe-bench-")
+    cmd = [os.path.join(build, "launcher", "troupe"), "--runs-dir", runs, "run", CONFIG]
+    for s in sets:
+        cmd += ["--set", s]
+    t0 = time.time()
+    out = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=timeout, text=True)
+    wall = time.time() - t0
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout[-4000:])
+        raise SystemExit(f"troupe run failed ({out.returncode}): {' '.join(sets)}")
+    recs = []
+    with open(os.path.join(runs, "latest", "metrics.jsonl")) as f:
+        for line in f:
+            recs.append(json.loads(line))
+    sys.stderr.write("".join(l + "\n" for l in out.stdout.splitlines() if l.startswith(("warm", "summary", "  "))))
+    return recs, wall
+
+
+def time_to(recs, target):
+    for r in recs:
+        if r.get("kind") == "eval" and r.get("eval_accuracy", 0) >= target:
+            return r["elapsed_s"]
+    return None
+
+
+def summary(recs):
+    for r in recs:
+        if r.get("kind") == "summary":
+            return r
+    return {}
+
+
+def bench_default(a):
+    recs, _ = troupe_run(a.build, [], a.timeout)
+    s = summary(recs)
+    ref_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "reference", "grpo_reverse.py"),
+               "--max-seconds", str(a.reference_seconds), "--target", "0.95", "--lr", "3e-4", "--warmup", "20",
+               "--neg-scale", "0.1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(ref_cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env,
+                         timeout=a.reference_seconds + 300)
+    ref = json.loads(out.stdout.strip().splitlines()[-1])
+    t95 = time_to(recs, 0.95)
+    res = {
+        "troupe_warm_acc": s.get("warm_accuracy"), "troupe_best_acc": s.get("best_accuracy"),
+        "troupe_t95_s": t95, "troupe_t90_s": time_to(recs, 0.90),
+        "troupe_gen_tok_s": s.get("gen_tokens_per_s"), "troupe_train_tok_s": s.get("train_tokens_per_s"),
+        "reference_warm_acc": ref["warm_acc"], "reference_t95_s": ref["t95_s"], "reference_t90_s": ref["t90_s"],
+        "reference_gen_tok_s": ref["gen_tok_s"], "reference_train_tok_s": ref["train_tok_s"],
+    }
+    if t95 and ref["t95_s"]:
+        res["speedup_t95"] = ref["t95_s"] / t95
+    return res
+
+
+def bench_async(a):
+    target = a.async_target
+    common = ["stop.target_accuracy=%g" % target, "stop.max_seconds=%d" % a.async_seconds]
+    r0, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=0"], a.timeout)
+    r2, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=2"], a.timeout)
+    t0, t2 = time_to(r0, target), time_to(r2, target)
+    res = {"async_target": target, "lag0_time_s": t0, "lag2_time_s": t2}
+    if t0 and t2:
+        res["async_speedup"] = t0 / t2
+    return res
+
+
+def bench_overhead(a):
+    sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
+            "eval.every_steps=0"]
+    recs, _ = troupe_run(a.build, sets, a.timeout)
+    fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
+    if not fin:
+        raise SystemExit("no rollout final report")
+    job_rate = fin[0]["gen_tokens"] / max(fin[0]["gen_active_s"], 1e-9)
+    seconds = max(5.0, fin[0]["gen_active_s"])
+    out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
+                          "%.1f" % seconds] + sum([["--set", s] for s in sets], []),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,
+                         env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+    alone = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"job_rollout_tok_s": job_rate, "standalone_tok_s": alone["tokens_per_s"],
+            "overhead_ratio": job_rate / alone["tokens_per_s"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--only", default="default,async,overhead")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--reference-seconds", type=int, default=300)
+    ap.add_argument("--async-target", type=float, default=0.8)
+    ap.add_argument("--async-seconds", type=int, default=240)
+    ap.add_argument("--overhead-steps", type=int, default=300)
+    a = ap.parse_args()
+    res = {"bench": "job"}
+    for part in a.only.split(","):
+        fn = {"default": bench_default, "async": bench_async, "overhead": bench_overhead}[part]
+        r = fn(a)
+        sys.stderr.write(f"{part}: {json.dumps(r)}\n")
+        res.update(r)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+// The engine alone, doing exactly what one rollout actor does, with no actor
+// system around it: the peer of the job-overhead benchmark
+// (bench/actors/job_bench.py).
+//
+// Reads the same job config, builds the same tokenizer, tasks, prompt stream
+// and Engine (same slots, threads, sampling), keeps the same number of groups
+// in flight through Engine::Submit, and counts sampled tokens per second for
+// a fixed number of seconds. Ends with one JSON line.
+//
+//   standalone_rollout CONFIG [--seconds S] [--set key=value ...]
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "troupe/engine/engine.h"
+#include "troupe/engine/memory.h"
+#include "troupe/envs/renderer.h"
+#include "troupe/envs/sampler.h"
+#include "troupe/envs/tasks.h"
+#include "troupe/launcher/job_config.h"
+
+using namespace troupe;
+
+int main(int argc, char** argv) {
+  engine::ConfigureAllocatorForTensors();
+  if (argc < 2) {
+    std::cerr << "usage: standalone_rollout CONFIG [--seconds S] [--set key=value ...]\n";
+    return 2;
+  }
+  std::string config = argv[1];
+  double seconds = 20;
+  std::vector<std::string> sets;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
+    else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
+  }
+  auto job = launcher::LoadJobConfig(config, sets);
+  if (!job.ok()) {
+    std::cerr << job.status().ToString() << "\n";
+    return 2;
+  }
+  auto tok = engine::CharTokenizer::Create(launcher::TokenizerAlphabet(job->tokenizer));
+  if (!tok.ok()) return 1;
+  envs::Renderer renderer(**tok, envs::ChatFormat::Compact());
+  auto tasks = envs::TaskRegistry::Create(job->tasks);
+  if (!tasks.ok()) return 1;
+  auto prompts = envs::PromptStream::Create(*tasks, job->tasks, 12345, 0, 1);
+  if (!prompts.ok()) return 1;
+  engine::EngineConfig ec;
+  ec.model = job->model;
+  ec.num_slots = job->engine.num_slots;
+  ec.intra_op_threads = job->engine.intra_op_threads;
+  ec.device = job->engine.device;
+  ec.fused_cpu_kernels = job->engine.fused_cpu_kernels;
+  auto eng = engine::Engine::Create(ec);
+  if (!eng.ok()) {
+    std::cerr << eng.status().ToString() << "\n";
+    return 1;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+  std::atomic<int64_t> tokens{0}, groups{0};
+  const int max_in_flight = static_cast<int>(job->rollout_settings.max_groups_in_flight);
+  auto t0 = std::chrono::steady_clock::now();
+  auto end = t0 + std::chrono::duration<double>(seconds);
+  uint64_t serial = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_until(l, end, [&] { return in_flight < max_in_flight; });
+    while (in_flight < max_in_flight && std::chrono::steady_clock::now() < end) {
+      envs::TaskPrompt tp = prompts->Next();
+      auto ids = renderer.RenderPrompt(tp.prompt.messages);
+      if (!ids.ok()) return 1;
+      engine::GenerateRequest req;
+      req.prompt = *ids;
+      req.sampling.temperature = job->sampling.temperature;
+      req.sampling.top_k = job->sampling.top_k;
+      req.sampling.top_p = job->sampling.top_p;
+      req.sampling.max_new_tokens = job->sampling.max_new_tokens;
+      req.sampling.stop_token_ids = {(*tok)->eos_id()};
+      req.sampling.num_samples = static_cast<int32_t>(job->batch.samples_per_prompt);
+      req.sampling.seed = serial++;
+      ++in_flight;
+      Status s = (*eng)->Submit(std::move(req), [&](std::vector<engine::GenerationResult> res) {
+        int64_t n = 0;
+        for (auto& r : res) n += r.num_new_tokens;
+        tokens += n;
+        ++groups;
+        std::lock_guard<std::mutex> g(mu);
+        --in_flight;
+        cv.notify_all();
+      });
+      if (!s.ok()) return 1;
+    }
+  }
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json j;
+  j["bench"] = "standalone_rollout";
+  j["seconds"] = elapsed;
+  j["groups"] = groups.load();
+  j["tokens"] = tokens.load();
+  j["tokens_per_s"] = tokens.load() / elapsed;
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
