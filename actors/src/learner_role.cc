@@ -28,6 +28,7 @@
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
+#include "troupe/envs/episode_driver.h"
 #include "troupe/trainer/learner.h"
 #include "troupe/transport/reliable.h"
 
@@ -179,6 +180,7 @@ class LearnerRole {
   Status Setup();
   Status WarmStart();
   Result<EvalResult> Evaluate();
+  Status EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalResult* r);
   void HandleDelivery(transport::Delivery d);
   void HandleCredit(const std::string& peer, const transport::InMessage& m);
   void SendGrants();
@@ -233,6 +235,7 @@ class LearnerRole {
   std::chrono::steady_clock::time_point rl_t0_;
   double train_seconds_ = 0;
   int64_t train_tokens_ = 0, received_response_tokens_ = 0;
+  int64_t received_env_tokens_ = 0;  // received response tokens with loss mask 0
   uint64_t last_eval_update_ = 0, last_ckpt_update_ = 0;
   bool done_ = false;
   std::string done_reason_;
@@ -293,6 +296,10 @@ Result<EvalResult> LearnerRole::Evaluate() {
   for (const envs::Task* task : ctx_.task_list) {
     uint64_t n = task->size(envs::Split::kEval);
     if (job_.eval.prompts > 0) n = std::min<uint64_t>(n, job_.eval.prompts);
+    if (task->multi_turn()) {
+      TROUPE_RETURN_IF_ERROR(EvaluateEpisodes(*task, n, &r));
+      continue;
+    }
     std::vector<engine::GenerateRequest> reqs;
     std::vector<envs::Prompt> prompts;
     for (uint64_t i = 0; i < n; ++i) {
@@ -337,6 +344,55 @@ Result<EvalResult> LearnerRole::Evaluate() {
   return r;
 }
 
+// Held-out multi-turn prompts play whole episodes on the eval engine (greedy);
+// the task's Verify reads the score each episode recorded.
+Status LearnerRole::EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalResult* r) {
+  envs::EpisodeDriverConfig dc;
+  dc.episode = job_.episode;
+  dc.sampling.temperature = 0;  // greedy
+  envs::EpisodeDriver driver(*eval_engine_, *ctx_.renderer, dc);
+  std::vector<envs::EpisodeRequest> reqs;
+  for (uint64_t i = 0; i < n; ++i) {
+    envs::EpisodeRequest q;
+    q.task = &task;
+    q.prompt = task.GetPrompt(envs::Split::kEval, i);
+    q.tag = i;
+    reqs.push_back(std::move(q));
+  }
+  auto outcomes = driver.Run(std::move(reqs), Deadline::InMs(120000));
+  for (const auto& o : outcomes) {
+    if (!o.status.ok() || !o.episode) {
+      // Counted as a miss (reward 0): the held-out set keeps its size.
+      if (r->examples.size() < 3)
+        r->examples.push_back(fmt::format("{}: episode did not start: {}",
+                                          task.GetPrompt(envs::Split::kEval, o.tag).id,
+                                          o.status.ToString()));
+      r->prompts++;
+      continue;
+    }
+    const envs::TokenEpisode& e = *o.episode;
+    // An aborted episode (eval deadline, engine rejection) scores 0 like any
+    // unfinished one; its reason shows in the example below.
+    std::string record = e.episode().SummaryJson();
+    envs::VerifyResult v =
+        task.Verify({e.prompt_text(), e.response_text(), e.episode().prompt().reference, record});
+    if (v.reward < 1.0 - 1e-9 && r->examples.size() < 3) {
+      std::string text = e.response_text();
+      for (char& c : text)
+        if (c == '\n') c = '|';
+      r->examples.push_back(
+          fmt::format("{} ({}{}, {} turns) -> '{}' (expected '{}')", e.episode().prompt().id,
+                      envs::EpisodeEndName(e.episode().end()),
+                      e.episode().abort_reason().empty() ? "" : ": " + e.episode().abort_reason(),
+                      e.episode().turns(), text, e.episode().prompt().reference));
+    }
+    r->reward += v.reward;
+    r->accuracy += v.reward >= 1.0 - 1e-9 ? 1.0 : 0.0;
+    r->prompts++;
+  }
+  return Status::Ok();
+}
+
 void LearnerRole::SendEval(const EvalResult& e) {
   double elapsed = rl_elapsed_before_ + SecondsSince(rl_t0_);
   last_accuracy_ = e.accuracy;
@@ -372,7 +428,8 @@ Status LearnerRole::WarmStart() {
       auto demo = task->Demonstration(p);
       if (!demo.ok()) return demo.status().WithContext("warm start demonstration for " + p.id);
       TROUPE_ASSIGN_OR_RETURN(auto seq, ctx_.renderer->RenderConversation(p.messages, *demo));
-      demos.Add(seq.prompt_tokens, seq.response_tokens);
+      // Multi-turn demonstrations carry tool turns: mask 0, never trained on.
+      demos.Add(seq.prompt_tokens, seq.response_tokens, seq.loss_mask);
     }
     auto m = learner_->SupervisedStep(demos);
     if (!m.ok()) return m.status().WithContext("warm start step " + std::to_string(step));
@@ -457,6 +514,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   const int64_t sequences = batch->num_sequences();
   std::string source = id.substr(0, id.rfind('/') == std::string::npos ? 0 : id.rfind('/'));
   received_response_tokens_ += batch->num_response_tokens();
+  for (uint8_t m : batch->loss_mask) received_env_tokens_ += m == 0;  // multi-turn tool tokens
   auto adm = learner_->Offer(std::move(batch).value());
   if (adm.ok()) {
     held_[id] = Held{std::move(d), false, false, "", groups, sequences, source};
@@ -526,6 +584,8 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
   s["max_steps"] = static_cast<double>(job_.stop.max_steps);
   s["train_tokens_per_s"] = m.tokens_per_s();
   s["received_tokens_per_s"] = elapsed > 0 ? received_response_tokens_ / elapsed : 0;
+  s["received_response_tokens"] = static_cast<double>(received_response_tokens_);
+  s["received_env_tokens"] = static_cast<double>(received_env_tokens_);
   s["broadcast_s"] = broadcaster_->last_seconds();
   nlohmann::json extra;
   extra["lag_histogram"] = m.lag_histogram;

@@ -216,10 +216,13 @@ Status RewardRole::Run() {
     }
     receiver_->FlushAcks(Deadline::InMs(500)).IgnoreError();
   }
-  rt_.SendMetrics("final", 0, 0,
-                  {{"scored", static_cast<double>(scored_.load())},
-                   {"dropped_invalid", static_cast<double>(invalid_seqs_.load())},
-                   {"forwarded_batches", static_cast<double>(forwarded_.load())}});
+  std::map<std::string, double> final_stats = {
+      {"scored", static_cast<double>(scored_.load())},
+      {"dropped_invalid", static_cast<double>(invalid_seqs_.load())},
+      {"forwarded_batches", static_cast<double>(forwarded_.load())}};
+  // Per-task and per-service counters (task.<name>.*, reward_service.<name>.*).
+  for (const auto& [k, v] : scorer_->StatsForMetrics()) final_stats[k] = v;
+  rt_.SendMetrics("final", 0, 0, final_stats);
   Log().info("exiting ({}): scored {} sequences", ExitReasonName(rt_.exit_reason()),
              scored_.load());
   return Status::Ok();

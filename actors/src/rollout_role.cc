@@ -11,10 +11,20 @@
 // learner granted (staleness control) and never more than
 // max_groups_in_flight at once; the reliable sender's bounded outbox blocks
 // generation rather than dropping anything.
+//
+// Multi-turn tasks (task->multi_turn()) take the same credits and produce the
+// same RolloutBatch records, but a group's G samples are G tool episodes run by
+// envs::EpisodeDriver on worker threads (tools run there, never on this loop
+// or the engine thread); every assistant turn is an engine request, so turns
+// of all episodes share the engine's continuous batching. Each worker takes
+// every group queued while it was idle and runs them in one driver Run; with
+// several workers a new group never waits for a long Run to end.
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "batch_codec.h"
 #include "role_common.h"
@@ -22,6 +32,7 @@
 #include "troupe/broadcast/receiver.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
+#include "troupe/envs/episode_driver.h"
 #include "troupe/envs/sampler.h"
 #include "troupe/transport/reliable.h"
 
@@ -43,22 +54,55 @@ wire::FinishReason WireFinish(engine::FinishReason r) {
   }
 }
 
+wire::FinishReason WireFinish(envs::EpisodeEnd e) {
+  switch (e) {
+    case envs::EpisodeEnd::kSubmitted:
+      return wire::FinishReason::SUBMITTED;
+    case envs::EpisodeEnd::kTurnLimit:
+      return wire::FinishReason::TURN_LIMIT;
+    case envs::EpisodeEnd::kTokenLimit:
+      return wire::FinishReason::LENGTH;
+    default:
+      return wire::FinishReason::REJECTED;
+  }
+}
+
+// Worker threads running multi-turn groups (each with its own driver).
+constexpr int kEpisodeWorkers = 2;
+// Upper bound for one driver Run (all groups a worker took). Episodes still
+// running then are aborted and their groups counted as rejected.
+constexpr int64_t kEpisodeRunTimeoutMs = 600000;
+
 struct GroupInfo {
   const envs::Task* task = nullptr;
   envs::Prompt prompt;
   std::string prompt_text;
 };
 
+// A finished group, converted to wire records (group_index is set at sending).
 struct FinishedGroup {
   uint64_t serial = 0;
-  std::vector<engine::GenerationResult> results;
+  std::vector<SequenceRecord> seqs;
+  uint64_t policy_version = 0;  // the oldest of its samples
+  int64_t tokens = 0;           // sampled (model) tokens
+  int64_t env_tokens = 0;       // environment (tool) tokens, multi-turn only
+  std::string failure;          // not empty: the group could not be generated (not sent)
   std::chrono::steady_clock::time_point release{};  // fault injection: not sent before this
+};
+
+// A multi-turn group waiting for an episode worker.
+struct EpisodeGroup {
+  uint64_t serial = 0;
+  const envs::Task* task = nullptr;
+  envs::Prompt prompt;
+  uint64_t seed = 0;
 };
 
 class RolloutRole {
  public:
   RolloutRole(ActorRuntime& rt, transport::Network& net, JobContext& ctx)
       : rt_(rt), net_(net), ctx_(ctx), job_(ctx.job) {}
+  ~RolloutRole() { StopEpisodeWorkers(); }  // before the engine goes
   Status Run();
 
  private:
@@ -68,9 +112,15 @@ class RolloutRole {
   void PollCredits(Deadline deadline);
   void RequestCredits();
   Status SubmitGroups();
+  void StartEpisodeWorkers();
+  void StopEpisodeWorkers();
+  void EpisodeWorker(envs::EpisodeDriver* driver);
+  void RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<EpisodeGroup> groups);
   void CollectFinished();
   Status SendReady(bool flush_all);
   void UpdateStats();
+  // Episode counters of every driver together ("episodes.submitted", ...).
+  std::vector<std::pair<std::string, double>> EpisodeStats() const;
   void Drain();
   void OnOutcome(const transport::DeliveryOutcome& o);
 
@@ -104,13 +154,23 @@ class RolloutRole {
   // Accounting (sequences).
   std::atomic<uint64_t> generated_{0}, resolved_{0}, rejected_{0};
   uint64_t rejected_groups_ = 0;
-  int64_t gen_tokens_ = 0;                                   // sampled tokens of finished groups
+  int64_t gen_tokens_ = 0;
+  int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups  //
+                                // sampled tokens of finished groups
   std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
   bool slow_ = false;  // fault injection (rollout.slow_actor)
   std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;
   std::atomic<uint64_t> outcomes_{0};
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
+
+  // Multi-turn episodes (started on the first multi-turn group).
+  std::vector<std::unique_ptr<envs::EpisodeDriver>> drivers_;
+  std::vector<std::thread> episode_workers_;
+  std::mutex episode_mu_;
+  std::condition_variable episode_cv_;
+  std::deque<EpisodeGroup> episode_queue_;  // guarded by episode_mu_
+  bool episode_stop_ = false;               // guarded by episode_mu_
 };
 
 Status RolloutRole::Setup() {
@@ -270,6 +330,20 @@ Status RolloutRole::SubmitGroups() {
     g.task = tp.task;
     g.prompt = std::move(tp.prompt);
     g.prompt_text = ctx_.renderer->PromptText(g.prompt.messages);
+    if (g.task->multi_turn()) {
+      if (episode_workers_.empty()) StartEpisodeWorkers();
+      EpisodeGroup eg{serial, g.task, g.prompt,
+                      DeriveSeed(job_.seed, id_ + "/episodes", incarnation_ * 1000003 + serial)};
+      in_flight_[serial] = std::move(g);
+      --credits_;
+      if (!first_submit_) first_submit_ = std::chrono::steady_clock::now();
+      {
+        std::lock_guard<std::mutex> l(episode_mu_);
+        episode_queue_.push_back(std::move(eg));
+      }
+      episode_cv_.notify_one();
+      continue;
+    }
     auto ids = ctx_.renderer->RenderPrompt(g.prompt.messages);
     if (!ids.ok()) return ids.status().WithContext("rendering prompt " + g.prompt.id);
     engine::GenerateRequest req;
@@ -287,8 +361,27 @@ Status RolloutRole::SubmitGroups() {
     if (!first_submit_) first_submit_ = std::chrono::steady_clock::now();
     Status s =
         engine_->Submit(std::move(req), [this, serial](std::vector<engine::GenerationResult> res) {
+          FinishedGroup f;
+          f.serial = serial;
+          f.policy_version = UINT64_MAX;
+          for (auto& r : res) {
+            if (r.finish_reason == engine::FinishReason::kRejected ||
+                r.finish_reason == engine::FinishReason::kAborted) {
+              f.failure = r.reject_reason.empty() ? "aborted" : r.reject_reason;
+            }
+            f.policy_version = std::min(f.policy_version, r.policy_version);
+            f.tokens += r.num_new_tokens;
+            SequenceRecord sr;
+            sr.prompt = std::move(r.prompt_ids);
+            sr.response = std::move(r.response_ids);
+            sr.logprobs = std::move(r.logprobs);
+            sr.mask = std::move(r.mask);
+            sr.token_versions = std::move(r.token_versions);
+            sr.finish = WireFinish(r.finish_reason);
+            f.seqs.push_back(std::move(sr));
+          }
           std::lock_guard<std::mutex> l(done_mu_);
-          done_.push_back({serial, std::move(res)});
+          done_.push_back(std::move(f));
         });
     if (!s.ok()) {
       in_flight_.erase(serial);
@@ -298,6 +391,114 @@ Status RolloutRole::SubmitGroups() {
   return Status::Ok();
 }
 
+void RolloutRole::StartEpisodeWorkers() {
+  envs::EpisodeDriverConfig dc;
+  dc.episode = job_.episode;
+  dc.sampling.temperature = job_.sampling.temperature;
+  dc.sampling.top_k = job_.sampling.top_k;
+  dc.sampling.top_p = job_.sampling.top_p;
+  for (int i = 0; i < kEpisodeWorkers; ++i) {
+    drivers_.push_back(std::make_unique<envs::EpisodeDriver>(*engine_, *ctx_.renderer, dc));
+    episode_workers_.emplace_back(&RolloutRole::EpisodeWorker, this, drivers_.back().get());
+  }
+  Log().info("{} episode workers for multi-turn tasks (max {} turns, {} response tokens)",
+             kEpisodeWorkers, job_.episode.max_turns, job_.episode.max_response_tokens);
+}
+
+void RolloutRole::StopEpisodeWorkers() {
+  {
+    std::lock_guard<std::mutex> l(episode_mu_);
+    episode_stop_ = true;
+  }
+  episode_cv_.notify_all();
+  for (auto& d : drivers_) d->Cancel();  // running episodes end promptly
+  for (auto& t : episode_workers_) t.join();
+  episode_workers_.clear();
+}
+
+void RolloutRole::EpisodeWorker(envs::EpisodeDriver* driver) {
+  while (true) {
+    std::vector<EpisodeGroup> take;
+    {
+      std::unique_lock<std::mutex> l(episode_mu_);
+      // Bounded wait; the loop re-checks (stop requests also notify).
+      episode_cv_.wait_for(l, std::chrono::milliseconds(200),
+                           [&] { return episode_stop_ || !episode_queue_.empty(); });
+      if (episode_stop_) return;
+      while (!episode_queue_.empty()) {
+        take.push_back(std::move(episode_queue_.front()));
+        episode_queue_.pop_front();
+      }
+    }
+    if (!take.empty()) RunEpisodeGroups(driver, std::move(take));
+  }
+}
+
+void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<EpisodeGroup> groups) {
+  const size_t G = job_.batch.samples_per_prompt;
+  std::vector<envs::EpisodeRequest> reqs;
+  reqs.reserve(groups.size() * G);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (size_t k = 0; k < G; ++k) {
+      envs::EpisodeRequest r;
+      r.task = groups[gi].task;
+      r.prompt = groups[gi].prompt;
+      r.seed = groups[gi].seed + k * 0x9e3779b97f4a7c15ULL;
+      r.tag = gi * G + k;
+      reqs.push_back(std::move(r));
+    }
+  }
+  std::vector<FinishedGroup> out(groups.size());
+  std::vector<size_t> left(groups.size(), G);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    out[gi].serial = groups[gi].serial;
+    out[gi].policy_version = UINT64_MAX;
+    out[gi].seqs.resize(G);
+  }
+  auto on_done = [&](size_t index, const envs::EpisodeOutcome& o) {
+    size_t gi = index / G, k = index % G;
+    FinishedGroup& f = out[gi];
+    const EpisodeGroup& g = groups[gi];
+    if (!o.status.ok() || !o.episode) {
+      if (f.failure.empty()) f.failure = "episode did not start: " + o.status.ToString();
+    } else {
+      const envs::TokenEpisode& e = *o.episode;
+      SequenceRecord& sr = f.seqs[k];
+      sr.prompt = e.prompt_tokens();
+      sr.response = e.response_tokens();
+      sr.logprobs = e.logprobs();
+      sr.mask = e.loss_mask();
+      sr.token_versions = o.token_versions;
+      sr.finish = WireFinish(e.episode().end());
+      if (e.episode().end() == envs::EpisodeEnd::kAborted) {
+        sr.reject_reason = e.episode().abort_reason();
+        if (f.failure.empty()) f.failure = "episode aborted: " + sr.reject_reason;
+      }
+      if (sr.response.empty() && f.failure.empty()) f.failure = "episode produced no tokens";
+      sr.prompt_id = g.prompt.id;
+      sr.task = g.task->name();
+      sr.reference = g.prompt.reference;
+      sr.service = g.prompt.service;
+      sr.prompt_text = e.prompt_text();
+      sr.response_text = e.response_text();
+      sr.extra = e.episode().SummaryJson();
+      f.policy_version = std::min(f.policy_version, o.policy_version);
+      for (uint8_t m : sr.mask) {
+        f.tokens += m;
+        f.env_tokens += 1 - m;
+      }
+    }
+    if (--left[gi] == 0) {
+      std::lock_guard<std::mutex> l(done_mu_);
+      done_.push_back(std::move(f));
+    }
+  };
+  driver->Run(std::move(reqs), Deadline::InMs(kEpisodeRunTimeoutMs), on_done);
+  // Run hands every episode to on_done (aborted ones included); a group the
+  // driver never finished would be a driver bug.
+  for (size_t gi = 0; gi < groups.size(); ++gi) TROUPE_CHECK_EQ(left[gi], 0u);
+}
+
 void RolloutRole::CollectFinished() {
   std::deque<FinishedGroup> got;
   {
@@ -305,24 +506,34 @@ void RolloutRole::CollectFinished() {
     got.swap(done_);
   }
   for (auto& g : got) {
-    bool bad = false;
-    for (const auto& r : g.results) {
-      if (r.finish_reason == engine::FinishReason::kRejected ||
-          r.finish_reason == engine::FinishReason::kAborted) {
-        bad = true;
-        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 2000, "group {} not generated: {}", g.serial,
-                            r.reject_reason);
-      }
-    }
-    if (bad) {
+    auto it = in_flight_.find(g.serial);
+    TROUPE_CHECK(it != in_flight_.end());
+    const GroupInfo& meta = it->second;
+    if (!g.failure.empty()) {
+      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 2000, "group {} ({}) not generated: {}",
+                          g.serial, meta.prompt.id, g.failure);
       ++rejected_groups_;
-      in_flight_.erase(g.serial);
+      in_flight_.erase(it);
       continue;
     }
-    int64_t tokens = 0;
-    for (const auto& r : g.results) tokens += r.num_new_tokens;
-    token_rate_.Add(static_cast<double>(tokens));
-    gen_tokens_ += tokens;
+    if (!meta.task->multi_turn()) {
+      for (auto& s : g.seqs) {
+        s.prompt_id = meta.prompt.id;
+        s.task = meta.task->name();
+        s.reference = meta.prompt.reference;
+        s.service = meta.prompt.service;
+        s.prompt_text = meta.prompt_text;
+        s.extra = meta.prompt.metadata;
+        std::vector<int32_t> visible;
+        for (int32_t id : s.response)
+          if (!ctx_.tokenizer->IsSpecial(id)) visible.push_back(id);
+        auto text = ctx_.tokenizer->Decode(visible);
+        s.response_text = text.ok() ? *text : "";
+      }
+    }
+    token_rate_.Add(static_cast<double>(g.tokens));
+    gen_tokens_ += g.tokens;
+    gen_env_tokens_ += g.env_tokens;
     if (slow_) {
       // A slow node: each group takes slow_ms_per_group longer (serially).
       auto base = std::max(std::chrono::steady_clock::now(), slow_until_);
@@ -352,29 +563,10 @@ Status RolloutRole::SendReady(bool flush_all) {
     info.created_ns = WallTimeNs();
     for (size_t gi = 0; gi < take; ++gi) {
       auto& g = ready_[gi];
-      const GroupInfo& meta = in_flight_.at(g.serial);
-      for (auto& r : g.results) {
-        info.policy_version = std::min(info.policy_version, r.policy_version);
-        SequenceRecord s;
-        s.prompt = r.prompt_ids;
-        s.response = r.response_ids;
-        s.logprobs = r.logprobs;
-        s.mask = r.mask;
-        s.token_versions = r.token_versions;
-        s.group_index = static_cast<uint32_t>(gi);
-        s.finish = WireFinish(r.finish_reason);
-        s.prompt_id = meta.prompt.id;
-        s.task = meta.task->name();
-        s.reference = meta.prompt.reference;
-        s.service = meta.prompt.service;
-        s.prompt_text = meta.prompt_text;
-        s.extra = meta.prompt.metadata;
-        std::vector<int32_t> visible;
-        for (int32_t id : r.response_ids)
-          if (!ctx_.tokenizer->IsSpecial(id)) visible.push_back(id);
-        auto text = ctx_.tokenizer->Decode(visible);
-        s.response_text = text.ok() ? *text : "";
-        seqs.push_back(std::move(s));
+      info.policy_version = std::min(info.policy_version, g.policy_version);
+      for (const auto& r : g.seqs) {
+        seqs.push_back(r);  // copied: a failed send keeps the group for a retry
+        seqs.back().group_index = static_cast<uint32_t>(gi);
       }
     }
     transport::OutMessage msg;
@@ -393,21 +585,42 @@ Status RolloutRole::SendReady(bool flush_all) {
   return Status::Ok();
 }
 
+std::vector<std::pair<std::string, double>> RolloutRole::EpisodeStats() const {
+  if (drivers_.empty()) return {};
+  envs::EpisodeDriverStats sum;
+  for (const auto& d : drivers_) {
+    auto st = d->Stats();
+    sum.episodes += st.episodes;
+    sum.start_failures += st.start_failures;
+    sum.submitted += st.submitted;
+    sum.turn_limit += st.turn_limit;
+    sum.token_limit += st.token_limit;
+    sum.aborted += st.aborted;
+    sum.turns += st.turns;
+    sum.score_sum += st.score_sum;
+    sum.flags += st.flags;
+  }
+  return sum.AsStats();
+}
+
 void RolloutRole::UpdateStats() {
   if (SecondsSince(last_stats_) < 0.5) return;
   last_stats_ = std::chrono::steady_clock::now();
   auto st = sender_->stats();
   uint64_t gen = generated_.load(), res = resolved_.load();
-  rt_.SetStats({{"gen_tokens_per_s", token_rate_.Update()},
-                {"generated", static_cast<double>(gen)},
-                {"resolved", static_cast<double>(res)},
-                {"in_flight", static_cast<double>(gen - res)},
-                {"rejected", static_cast<double>(rejected_.load())},
-                {"credits", static_cast<double>(credits_)},
-                {"groups_generating", static_cast<double>(in_flight_.size() - ready_.size())},
-                {"outbox", static_cast<double>(st.queued + st.in_flight)},
-                {"retransmits", static_cast<double>(st.retransmits)},
-                {"rejected_groups", static_cast<double>(rejected_groups_)}});
+  std::map<std::string, double> stats = {
+      {"gen_tokens_per_s", token_rate_.Update()},
+      {"generated", static_cast<double>(gen)},
+      {"resolved", static_cast<double>(res)},
+      {"in_flight", static_cast<double>(gen - res)},
+      {"rejected", static_cast<double>(rejected_.load())},
+      {"credits", static_cast<double>(credits_)},
+      {"groups_generating", static_cast<double>(in_flight_.size() - ready_.size())},
+      {"outbox", static_cast<double>(st.queued + st.in_flight)},
+      {"retransmits", static_cast<double>(st.retransmits)},
+      {"rejected_groups", static_cast<double>(rejected_groups_)}};
+  for (const auto& [k, v] : EpisodeStats()) stats[k] = v;
+  rt_.SetStats(stats);
   rt_.SetPolicyVersion(engine_->version());
 }
 
@@ -463,14 +676,18 @@ Status RolloutRole::Run() {
   }
   double active_s = first_submit_ ? SecondsSince(*first_submit_) : 0;
   if (rt_.exit_reason() != ExitReason::kHeadLost) Drain();
+  StopEpisodeWorkers();
   uint64_t gen = generated_.load(), res = resolved_.load();
-  rt_.SendMetrics("final", 0, engine_->version(),
-                  {{"generated", static_cast<double>(gen)},
-                   {"gen_tokens", static_cast<double>(gen_tokens_)},
-                   {"gen_active_s", active_s},
-                   {"resolved", static_cast<double>(res)},
-                   {"in_flight", static_cast<double>(gen - res)},
-                   {"rejected_groups", static_cast<double>(rejected_groups_)}});
+  std::map<std::string, double> final_metrics = {
+      {"generated", static_cast<double>(gen)},
+      {"gen_tokens", static_cast<double>(gen_tokens_)},
+      {"gen_env_tokens", static_cast<double>(gen_env_tokens_)},
+      {"gen_active_s", active_s},
+      {"resolved", static_cast<double>(res)},
+      {"in_flight", static_cast<double>(gen - res)},
+      {"rejected_groups", static_cast<double>(rejected_groups_)}};
+  for (const auto& [k, v] : EpisodeStats()) final_metrics[k] = v;
+  rt_.SendMetrics("final", 0, engine_->version(), final_metrics);
   rt_.SetStats({{"generated", static_cast<double>(gen)},
                 {"resolved", static_cast<double>(res)},
                 {"in_flight", static_cast<double>(gen - res)}});
