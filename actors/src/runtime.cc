@@ -137,7 +137,9 @@ Result<std::unique_ptr<ActorRuntime>> ActorRuntime::Create(RuntimeOptions option
     return InvalidArgument("actor runtime: heartbeat_interval_ms must be > 0");
   std::unique_ptr<ActorRuntime> rt(new ActorRuntime(std::move(options), network));
   transport::SocketOptions so;
-  so.identity = rt->options_.actor_id;
+  // "<id>#<incarnation>": the head tells incarnations apart (one back from a
+  // partition is never confused with its replacement).
+  so.identity = fmt::format("{}#{:x}", rt->options_.actor_id, network->identity().incarnation);
   so.linger_ms = 500;
   so.heartbeat_ivl_ms = 0;  // liveness is ours (heartbeats), not ZMTP's
   auto sock = network->Connect(transport::SocketKind::kClient, rt->options_.head_endpoint, so);

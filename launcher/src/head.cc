@@ -79,6 +79,10 @@ spdlog::logger& Log() {
 
 struct Record {
   std::string id;
+  // The registered incarnation's routing id at the head's socket: actors
+  // connect as "<id>#<incarnation hex>", so an old incarnation back from a
+  // partition is a different peer from its replacement (never routed over it).
+  std::string route;
   std::string role;
   int index = 0;
   std::string node;
@@ -477,6 +481,12 @@ void Head::Impl::ShutdownTick() {
 
 // ------------------------------------------------------------------ messages
 
+// The actor id of a peer at the control socket ("<id>#<incarnation hex>"; a
+// CLI client's id has no '#').
+static std::string ActorIdOf(const std::string& peer) {
+  return peer.substr(0, peer.find('#'));
+}
+
 void Head::Impl::SendTo(const std::string& peer, const OutMessage& m) {
   Status s = control_->SendTo(peer, m, Deadline::InMs(50));
   if (!s.ok()) {
@@ -518,7 +528,7 @@ void Head::Impl::SendControl(Record& r, int command) {
       c.getCommand().setShutdown();
       break;
   }
-  SendTo(r.id, m);
+  SendTo(r.route.empty() ? r.id : r.route, m);
 }
 
 void Head::Impl::FillActor(wire::ActorInfo::Builder b, const Record& r) const {
@@ -554,7 +564,7 @@ void Head::Impl::BroadcastDirectory() {
     if (r.registered() && r.alive()) listed.push_back(&r);
   auto list = d.initActors(static_cast<unsigned>(listed.size()));
   for (size_t i = 0; i < listed.size(); ++i) FillActor(list[static_cast<unsigned>(i)], *listed[i]);
-  for (auto* r : listed) SendTo(r->id, m);
+  for (auto* r : listed) SendTo(r->route.empty() ? r->id : r->route, m);
   directory_dirty_ = false;
   last_directory_ = Clock::now();
 }
@@ -563,7 +573,7 @@ void Head::Impl::OnRegister(const std::string& peer, const transport::InMessage&
   auto reg = m.envelope().getBody().getRegister();
   std::string id = reg.getActorId();
   Record* r = Find(id);
-  if (!r || id != peer) {
+  if (!r || id != ActorIdOf(peer)) {
     SendShutdown(peer, "unknown actor (not started by this head)", m.incarnation());
     return;
   }
@@ -580,6 +590,7 @@ void Head::Impl::OnRegister(const std::string& peer, const transport::InMessage&
     return;
   }
   r->incarnation = m.incarnation();
+  r->route = peer;
   r->node = reg.getNode();
   r->pid = reg.getPid();
   r->policy_version = reg.getPolicyVersion();
@@ -596,7 +607,7 @@ void Head::Impl::OnRegister(const std::string& peer, const transport::InMessage&
 }
 
 void Head::Impl::OnHeartbeat(const std::string& peer, const transport::InMessage& m) {
-  Record* r = Find(peer);
+  Record* r = Find(ActorIdOf(peer));
   if (!r || !r->alive()) {
     SendShutdown(peer, "unknown or replaced actor", m.incarnation());
     return;
