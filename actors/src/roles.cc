@@ -2,40 +2,16 @@
 // context and runs the role.
 #include "roles.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-
 #include "role_common.h"
 #include "troupe/actors/echo.h"
 #include "troupe/launcher/job_config.h"
+#include "troupe/launcher/spawner.h"
 
 namespace troupe::actors {
 
 Status RunLearner(ActorRuntime& runtime, transport::Network& network, JobContext& ctx);
 Status RunRollout(ActorRuntime& runtime, transport::Network& network, JobContext& ctx);
 Status RunReward(ActorRuntime& runtime, transport::Network& network, JobContext& ctx);
-
-namespace {
-
-Result<std::string> NumericHost(const std::string& host) {
-  in_addr a{};
-  if (::inet_pton(AF_INET, host.c_str(), &a) == 1) return host;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || !res)
-    return InvalidArgument("bind host '{}' does not resolve to an IPv4 address: {}", host,
-                           ::gai_strerror(rc));
-  char buf[INET_ADDRSTRLEN] = {0};
-  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof(buf));
-  ::freeaddrinfo(res);
-  return std::string(buf);
-}
-
-}  // namespace
 
 Status PrepareRole(const RoleArgs& args, RoleSetup* setup) {
   if (args.role != "echo" && args.role != "learner" && args.role != "rollout" &&
@@ -55,7 +31,9 @@ Status PrepareRole(const RoleArgs& args, RoleSetup* setup) {
   else if (!job.cluster.advertise_address.empty())
     setup->bind_host = job.cluster.advertise_address;
   // Sockets bind numeric addresses: a host name (e.g. a HostSpec.address) is resolved here.
-  TROUPE_ASSIGN_OR_RETURN(setup->bind_host, NumericHost(setup->bind_host));
+  auto numeric = launcher::ResolveIpv4Address(setup->bind_host);
+  if (!numeric.ok()) return InvalidArgument("bind host: {}", numeric.status().message());
+  setup->bind_host = *numeric;
   setup->config = std::make_shared<launcher::JobConfig>(std::move(job));
   return Status::Ok();
 }

@@ -101,8 +101,8 @@ struct Record {
   bool remove_on_exit = false;  // scale-down: forget the record after exit
   std::optional<Clock::time_point> restart_at;
   bool given_up = false;
-  std::unique_ptr<std::ofstream> log;                       // logs/<id>.log
-  std::map<std::string, double> final_report;               // the actor's "final" metrics
+  std::unique_ptr<std::ofstream> log;          // logs/<id>.log
+  std::map<std::string, double> final_report;  // the actor's "final" metrics
   // Last stats of incarnations that died, with their source key
   // ("<id>/<incarnation hex>", the prefix of the batch ids they produced).
   std::vector<std::pair<std::string, std::map<std::string, double>>> dead_reports;

@@ -101,13 +101,12 @@ std::vector<std::string> Progress::SummaryLines(const std::map<std::string, doub
                     Get(l, "target_accuracy", 0) * 100,
                     std::isfinite(t) && t >= 0 ? fmt::format("{:.1f} s", t) : "not reached"));
     const auto skipped = static_cast<int64_t>(Get(l, "skipped_updates", 0));
-    out.push_back(fmt::format("  steps {}{}, wall {:.1f} s, generated {} tok/s, trained {} tok/s",
-                              static_cast<int64_t>(Get(l, "steps", 0)),
-                              skipped > 0 ? fmt::format(" (+{} skipped: uniform rewards)", skipped)
-                                          : std::string(),
-                              Get(l, "elapsed_s", 0),
-                              Rate(Get(l, "gen_tokens_per_s")),
-                              Rate(Get(l, "train_tokens_per_s"))));
+    out.push_back(fmt::format(
+        "  steps {}{}, wall {:.1f} s, generated {} tok/s, trained {} tok/s",
+        static_cast<int64_t>(Get(l, "steps", 0)),
+        skipped > 0 ? fmt::format(" (+{} skipped: uniform rewards)", skipped) : std::string(),
+        Get(l, "elapsed_s", 0), Rate(Get(l, "gen_tokens_per_s")),
+        Rate(Get(l, "train_tokens_per_s"))));
   }
   if (!a.empty()) {
     double gen = Get(a, "generated", 0), tr = Get(a, "trained", 0), st = Get(a, "dropped_stale", 0),

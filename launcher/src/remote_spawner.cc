@@ -78,7 +78,8 @@ std::string SignalScript(int pgid, int signal, const std::string& actor_id,
   const std::string pid = std::to_string(pgid);
   // The group leader must still be this actor of this head: a pid the host
   // reused since is left alone. Exit 3: nothing to signal.
-  return "c=$(tr '\\000' ' ' < /proc/" + pid + "/cmdline 2>/dev/null) || exit 3; case \" $c\" in *" +
+  return "c=$(tr '\\000' ' ' < /proc/" + pid +
+         "/cmdline 2>/dev/null) || exit 3; case \" $c\" in *" +
          ShellQuote(" --id " + actor_id + " ") + "*) ;; *) exit 3 ;; esac; case \" $c\" in *" +
          ShellQuote(" --head " + head_endpoint + " ") + "*) ;; *) exit 3 ;; esac; kill -" +
          std::to_string(signal) + " -" + pid + " 2>/dev/null && exit 0; exit 3";
@@ -167,7 +168,8 @@ const HostSpec* Placer::Find(const std::string& name) const {
   return nullptr;
 }
 
-Result<std::string> Placer::Pick(const std::string& role, const std::set<std::string>& avoid) const {
+Result<std::string> Placer::Pick(const std::string& role,
+                                 const std::set<std::string>& avoid) const {
   RoleProcess spec;
   if (auto it = roles_.find(role); it != roles_.end()) spec = it->second;
   const auto now = Clock::now();
@@ -200,8 +202,8 @@ Result<std::string> Placer::Pick(const std::string& role, const std::set<std::st
       continue;
     }
     if (spec.per_node > 0 && mine >= static_cast<int>(spec.per_node)) {
-      why.push_back(fmt::format("{}: has {} {} actors (per_node {})", h.name, mine, role,
-                                spec.per_node));
+      why.push_back(
+          fmt::format("{}: has {} {} actors (per_node {})", h.name, mine, role, spec.per_node));
       continue;
     }
     const int health = st.down_until > now ? 2 : st.pending_stops > 0 ? 1 : 0;
@@ -282,12 +284,14 @@ struct RemoteSpawner::State {
       bool running = false;
       for (auto& h : helpers) running |= h.proc.has_value();
       if (!running) break;
-      std::this_thread::sleep_for(Millis(20));  // child processes: nothing to wait on with a deadline
+      std::this_thread::sleep_for(
+          Millis(20));  // child processes: nothing to wait on with a deadline
     }
     for (auto& h : helpers) {
-      Log().warn("could not confirm the stop of {} on {} ({} attempts); it exits by itself once "
-                 "the head is silent for head.head_grace_ms",
-                 h.actor, h.host.name, h.attempts);
+      Log().warn(
+          "could not confirm the stop of {} on {} ({} attempts); it exits by itself once "
+          "the head is silent for head.head_grace_ms",
+          h.actor, h.host.name, h.attempts);
       if (h.proc) h.proc->Signal(SIGKILL).IgnoreError();
     }
     helpers.clear();
@@ -348,9 +352,10 @@ struct RemoteSpawner::State {
           continue;
         }
         if (now >= h.give_up_at) {
-          Log().warn("could not stop {} on {} within {} ms ({} attempts, last: {}); it exits by "
-                     "itself once the head is silent for head.head_grace_ms",
-                     h.actor, h.host.name, options.remote_kill_ms, h.attempts, e->ToString());
+          Log().warn(
+              "could not stop {} on {} within {} ms ({} attempts, last: {}); it exits by "
+              "itself once the head is silent for head.head_grace_ms",
+              h.actor, h.host.name, options.remote_kill_ms, h.attempts, e->ToString());
           placer.AddPendingStop(h.host.name, -1);
           it = helpers.erase(it);
           continue;
@@ -395,8 +400,8 @@ class RemoteProcess final : public ActorProcess {
     offset_ = FileSize(launch_.output_file);
     remote_pid_.reset();
     SpawnOptions o;
-    o.argv = state_->backend->CommandFor(host_, LaunchScript(launch_, host_.address),
-                                         launch_.actor_id);
+    o.argv =
+        state_->backend->CommandFor(host_, LaunchScript(launch_, host_.address), launch_.actor_id);
     o.env = state_->backend->ClientEnv();
     o.output_file = launch_.output_file;
     o.stdin_data = launch_.secrets;
@@ -431,8 +436,8 @@ class RemoteProcess final : public ActorProcess {
       std::string reason = LastLines(out);
       if (reason.empty()) reason = state_->backend->name() + " " + e->ToString();
       state_->placer.MarkDown(host_.name, reason, state_->options.host_down_ms);
-      Log().error("{}: {} could not start it on {}: {}", launch_.actor_id,
-                  state_->backend->name(), host_.name, reason);
+      Log().error("{}: {} could not start it on {}: {}", launch_.actor_id, state_->backend->name(),
+                  host_.name, reason);
       tried_.insert(host_.name);
       if (launch_.host.empty()) {
         auto next = state_->placer.Pick(launch_.role, tried_);
@@ -507,8 +512,7 @@ class RemoteProcess final : public ActorProcess {
 
 }  // namespace
 
-RemoteSpawner::RemoteSpawner(std::unique_ptr<Backend> backend, Placer placer,
-                             RemoteOptions options)
+RemoteSpawner::RemoteSpawner(std::unique_ptr<Backend> backend, Placer placer, RemoteOptions options)
     : state_(std::make_shared<State>(std::move(backend), std::move(placer), options)) {}
 
 RemoteSpawner::~RemoteSpawner() = default;
@@ -605,9 +609,10 @@ Result<std::string> InterfaceAddress(const std::string& iface) {
   ::freeifaddrs(list);
   if (found.empty()) {
     if (!names.empty()) names.pop_back();
-    return InvalidArgument("cluster.bind_interface '{}' has no IPv4 address here (interfaces with "
-                           "one:{})",
-                           iface, names);
+    return InvalidArgument(
+        "cluster.bind_interface '{}' has no IPv4 address here (interfaces with "
+        "one:{})",
+        iface, names);
   }
   return found;
 }
@@ -634,6 +639,11 @@ Result<std::string> RouteSource(const in_addr& to) {
 }
 
 }  // namespace
+
+Result<std::string> ResolveIpv4Address(const std::string& host) {
+  TROUPE_ASSIGN_OR_RETURN(in_addr a, ResolveIpv4(host));
+  return Ip(a);
+}
 
 Result<std::string> ResolveAdvertiseAddress(const ClusterSpec& c,
                                             const std::vector<HostSpec>& hosts) {
@@ -675,13 +685,15 @@ Result<std::string> ResolveAdvertiseAddress(const ClusterSpec& c,
   in_addr a{};
   ::inet_pton(AF_INET, addr.c_str(), &a);
   if (a.s_addr == 0)
-    return InvalidArgument("the head cannot advertise the unspecified address {} ({}): actors "
-                           "need an address they can connect to",
-                           addr, source);
+    return InvalidArgument(
+        "the head cannot advertise the unspecified address {} ({}): actors "
+        "need an address they can connect to",
+        addr, source);
   if (far && IsLoopback(a))
-    return InvalidArgument("the head would advertise {} ({}), which host {} ({}) cannot reach; set "
-                           "cluster.bind_interface or a routable cluster.advertise_address",
-                           addr, source, far->name, Ip(far_addr));
+    return InvalidArgument(
+        "the head would advertise {} ({}), which host {} ({}) cannot reach; set "
+        "cluster.bind_interface or a routable cluster.advertise_address",
+        addr, source, far->name, Ip(far_addr));
   return addr;
 }
 

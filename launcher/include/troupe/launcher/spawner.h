@@ -93,7 +93,8 @@ std::string HostName();
 struct RemoteSpawnerOptions {
   ClusterSpec cluster;  // backend settings and hosts (slurm: the allocation's nodes, see below)
   std::map<std::string, RoleProcess> roles;  // placement rules per role
-  uint32_t host_down_ms = 30000;  // a host that refused a launch is avoided this long (then retried)
+  uint32_t host_down_ms =
+      30000;  // a host that refused a launch is avoided this long (then retried)
   uint32_t remote_kill_ms =
       30000;  // keep retrying to signal a stopped actor on an unreachable host this long
   uint32_t command_timeout_ms = 15000;  // bound of one helper command (remote signal, scontrol)
@@ -117,13 +118,16 @@ Result<std::unique_ptr<Spawner>> NewSlurmSpawner(RemoteSpawnerOptions options);
 // names as resource tags; an entry of cluster.hosts with the same name overrides
 // address, slots and resources. Blocks up to `deadline` (runs scontrol).
 Result<std::vector<HostSpec>> SlurmAllocationHosts(const ClusterSpec& cluster,
-                                                   const std::string& nodelist,
-                                                   Deadline deadline);
+                                                   const std::string& nodelist, Deadline deadline);
 
 // Nodes `troupe run --submit` asks sbatch for: cluster.slurm_nodes, else the sum
 // over roles with actors of ceil(count / per_node) (per_node 0: one node).
 uint32_t SlurmNodesNeeded(const ClusterSpec& cluster,
                           const std::map<std::string, RoleProcess>& roles);
+
+// The IPv4 address `host` (a name or a numeric address) resolves to; NotFound
+// naming the host when it does not. Blocks for name resolution.
+Result<std::string> ResolveIpv4Address(const std::string& host);
 
 // The address the head binds and publishes to actors: cluster.advertise_address;
 // else the IPv4 address of cluster.bind_interface; else, for remote backends, this
