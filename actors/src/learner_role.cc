@@ -29,6 +29,7 @@
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
 #include "troupe/envs/episode_driver.h"
+#include "troupe/envs/scorer.h"
 #include "troupe/trainer/learner.h"
 #include "troupe/transport/reliable.h"
 
@@ -181,6 +182,8 @@ class LearnerRole {
   Status WarmStart();
   Result<EvalResult> Evaluate();
   Status EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalResult* r);
+  Result<std::vector<envs::VerifyResult>> ScoreEval(
+      const envs::Task& task, const std::vector<envs::ScoreRequest>& requests);
   void HandleDelivery(transport::Delivery d);
   void HandleCredit(const std::string& peer, const transport::InMessage& m);
   void SendGrants();
@@ -202,6 +205,7 @@ class LearnerRole {
   std::shared_ptr<engine::LlamaModel> policy_;
   std::unique_ptr<trainer::Learner> learner_;
   std::unique_ptr<engine::Engine> eval_engine_;
+  std::unique_ptr<envs::RewardScorer> eval_scorer_;  // external services for held-out scoring
   std::unique_ptr<transport::Socket> data_;
   std::unique_ptr<transport::ReliableReceiver> receiver_;
   std::unique_ptr<broadcast::WeightSender> sender_;
@@ -242,8 +246,8 @@ class LearnerRole {
   uint64_t invalid_unreadable_ =
       0;  // scored batches the codec rejected (the trainer never saw them)
   uint64_t invalid_unreadable_seqs_ = 0;  // their sequences (as the envelope claims)
-  uint64_t skipped_updates_ = 0;  // updates with no learning signal (every group uniform)
-  uint64_t ack_checkpoints_ = 0;  // early checkpoints taken to release acks
+  uint64_t skipped_updates_ = 0;          // updates with no learning signal (every group uniform)
+  uint64_t ack_checkpoints_ = 0;          // early checkpoints taken to release acks
 };
 
 Status LearnerRole::Setup() {
@@ -318,18 +322,23 @@ Result<EvalResult> LearnerRole::Evaluate() {
     }
     TROUPE_ASSIGN_OR_RETURN(auto results, eval_engine_->Generate(reqs, Deadline::InMs(120000)));
     TROUPE_RETURN_IF_ERROR(engine::CheckNoRejections(results));
+    std::vector<envs::ScoreRequest> score;
     for (const auto& res : results) {
       std::vector<int32_t> ids;
       for (int32_t id : res.response_ids)
         if (!ctx_.tokenizer->IsSpecial(id)) ids.push_back(id);
       auto text = ctx_.tokenizer->Decode(ids);
       const envs::Prompt& p = prompts[res.request_index];
-      std::string prompt_text = ctx_.renderer->PromptText(p.messages);
-      envs::VerifyResult v =
-          task->Verify({prompt_text, text.ok() ? *text : "", p.reference, p.metadata});
+      score.push_back({task->name(), ctx_.renderer->PromptText(p.messages), text.ok() ? *text : "",
+                       p.reference, p.service, p.metadata});
+    }
+    TROUPE_ASSIGN_OR_RETURN(auto scores, ScoreEval(*task, score));
+    for (size_t i = 0; i < score.size(); ++i) {
+      const envs::VerifyResult& v = scores[i];
       if (v.reward < 1.0 - 1e-9 && r.examples.size() < 3) {
-        r.examples.push_back(fmt::format("'{}' -> '{}' (expected '{}')", prompt_text,
-                                         text.ok() ? *text : "?", p.reference));
+        r.examples.push_back(fmt::format("'{}' -> '{}' (expected '{}'){}", score[i].prompt,
+                                         score[i].response, score[i].reference,
+                                         v.failure.empty() ? "" : ": " + v.failure));
       }
       r.reward += v.reward;
       r.accuracy += v.reward >= 1.0 - 1e-9 ? 1.0 : 0.0;
@@ -342,6 +351,23 @@ Result<EvalResult> LearnerRole::Evaluate() {
   }
   r.seconds = SecondsSince(t0);
   return r;
+}
+
+// Scores held-out samples as the reward actors would: the task's verifier, or
+// its external reward service (a failed call scores 0, its reason in the log).
+Result<std::vector<envs::VerifyResult>> LearnerRole::ScoreEval(
+    const envs::Task& task, const std::vector<envs::ScoreRequest>& requests) {
+  if (task.local_verifier()) {
+    std::vector<envs::VerifyResult> out;
+    for (const auto& q : requests)
+      out.push_back(task.Verify({q.prompt, q.response, q.reference, q.metadata}));
+    return out;
+  }
+  if (!eval_scorer_) {
+    TROUPE_ASSIGN_OR_RETURN(eval_scorer_,
+                            envs::RewardScorer::Create(job_.tasks, job_.reward_services));
+  }
+  return eval_scorer_->ScoreBatch(requests, Deadline::InMs(job_.reward_settings.score_timeout_ms));
 }
 
 // Held-out multi-turn prompts play whole episodes on the eval engine (greedy);
@@ -360,6 +386,17 @@ Status LearnerRole::EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalRes
     reqs.push_back(std::move(q));
   }
   auto outcomes = driver.Run(std::move(reqs), Deadline::InMs(120000));
+  std::vector<envs::ScoreRequest> score;
+  for (const auto& o : outcomes) {
+    if (o.status.ok() && o.episode) {
+      const envs::TokenEpisode& e = *o.episode;
+      score.push_back({task.name(), e.prompt_text(), e.response_text(),
+                       e.episode().prompt().reference, e.episode().prompt().service,
+                       e.episode().SummaryJson()});
+    }
+  }
+  TROUPE_ASSIGN_OR_RETURN(auto scores, ScoreEval(task, score));
+  size_t next = 0;
   for (const auto& o : outcomes) {
     if (!o.status.ok() || !o.episode) {
       // Counted as a miss (reward 0): the held-out set keeps its size.
@@ -373,9 +410,7 @@ Status LearnerRole::EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalRes
     const envs::TokenEpisode& e = *o.episode;
     // An aborted episode (eval deadline, engine rejection) scores 0 like any
     // unfinished one; its reason shows in the example below.
-    std::string record = e.episode().SummaryJson();
-    envs::VerifyResult v =
-        task.Verify({e.prompt_text(), e.response_text(), e.episode().prompt().reference, record});
+    const envs::VerifyResult& v = scores[next++];
     if (v.reward < 1.0 - 1e-9 && r->examples.size() < 3) {
       std::string text = e.response_text();
       for (char& c : text)
@@ -694,8 +729,7 @@ bool LearnerRole::ReadSidecar() {
   rl_elapsed_before_ = j.value("rl_elapsed", 0.0);
   invalid_unreadable_ = j.value("invalid_unreadable", uint64_t{0});
   invalid_unreadable_seqs_ = j.value("invalid_unreadable_seqs", uint64_t{0});
-  decided_by_source_ =
-      j.value("decided_by_source", std::map<std::string, int64_t>{});
+  decided_by_source_ = j.value("decided_by_source", std::map<std::string, int64_t>{});
   std::vector<transport::StreamState> streams;
   for (const auto& s : j.value("streams", nlohmann::json::array())) {
     streams.push_back(

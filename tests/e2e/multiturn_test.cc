@@ -1,0 +1,287 @@
+// End-to-end: multi-turn tool tasks and external reward services through the
+// real actors (`troupe run` with real processes; bounded by update counts,
+// never by wall time).
+//
+//   * configs/multiturn_file_reverse.yaml: rollout actors play file_reverse
+//     episodes through EpisodeDriver; the learner trains on them with the
+//     tool (environment) tokens masked out, evaluates held-out episodes, and
+//     the accounting invariant holds;
+//   * configs/external_reward.yaml: every sample is scored by a real
+//     troupe-reward-server process the test starts (rewards arrive, the
+//     per-service counters count them), and when the server is killed mid-run
+//     samples get reward 0 with a reason while the job still completes.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "troupe/launcher/control_client.h"
+#include "troupe/launcher/run_dir.h"
+#include "troupe/launcher/subprocess.h"
+
+namespace troupe::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string BuildDir() {
+  const char* b = std::getenv("TROUPE_BUILD_DIR");
+  return b ? b : "build";
+}
+std::string SourceDir() {
+  const char* s = std::getenv("TROUPE_SOURCE_DIR");
+  return s ? s : ".";
+}
+
+template <typename Pred>
+bool Eventually(Pred pred, int timeout_ms) {
+  auto d = Deadline::InMs(timeout_ms);
+  while (!d.expired()) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling other processes
+  }
+  return pred();
+}
+
+fs::path TestDir(const std::string& name) {
+  fs::path d =
+      fs::path(::testing::TempDir()) / ("e2e-mt." + name + "." + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// One `troupe run` of a config with overrides, in a private runs dir.
+class Job {
+ public:
+  Job(const std::string& config, std::vector<std::string> sets, const fs::path& dir) : dir_(dir) {
+    SpawnOptions o;
+    o.argv = {BuildDir() + "/launcher/troupe", "--runs-dir", runs(), "run",
+              SourceDir() + "/configs/" + config};
+    for (auto& s : sets) {
+      o.argv.push_back("--set");
+      o.argv.push_back(s);
+    }
+    o.output_file = (dir_ / "troupe.out").string();
+    o.term_grace_ms = 20000;
+    auto p = Subprocess::Spawn(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (p.ok()) proc_ = std::make_unique<Subprocess>(std::move(p).value());
+  }
+  ~Job() {
+    if (proc_) proc_->Stop();
+  }
+  std::string runs() const { return (dir_ / "runs").string(); }
+  ExitInfo Wait(int timeout_ms) {
+    if (!proc_) return {};
+    auto e = proc_->Wait(Deadline::InMs(timeout_ms));
+    EXPECT_TRUE(e.ok()) << "troupe run did not finish: " << e.status().ToString() << "\n"
+                        << Output();
+    return e.ok() ? *e : ExitInfo{};
+  }
+  std::string Output() const {
+    auto t = ReadFile((dir_ / "troupe.out").string());
+    return t.ok() ? *t : "";
+  }
+  std::vector<json> Metrics(const std::string& kind) const {
+    std::vector<json> out;
+    auto r = ResolveRunDir(runs(), "");
+    if (!r.ok()) return out;
+    std::ifstream in(r->metrics());
+    for (std::string line; std::getline(in, line);) {
+      auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
+    }
+    return out;
+  }
+  // The "final" record of the first actor whose id starts with `prefix`.
+  std::vector<json> Finals(const std::string& prefix) const {
+    std::vector<json> out;
+    for (auto& j : Metrics("final"))
+      if (j.value("actor", "").rfind(prefix, 0) == 0) out.push_back(j);
+    return out;
+  }
+
+ private:
+  fs::path dir_;
+  std::unique_ptr<Subprocess> proc_;
+};
+
+std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}) {
+  std::vector<std::string> s = {"stop.max_steps=" + std::to_string(max_steps),
+                                "stop.target_accuracy=0",
+                                "stop.max_seconds=0",
+                                "checkpoint.every_steps=10",
+                                "head.heartbeat_interval_ms=200",
+                                "head.heartbeat_timeout_ms=4000",
+                                "head.head_grace_ms=4000"};
+  s.insert(s.end(), more.begin(), more.end());
+  return s;
+}
+
+void ExpectAccountingHolds(const Job& job) {
+  auto js = job.Metrics("job_summary");
+  ASSERT_EQ(js.size(), 1u) << job.Output();
+  auto a = js[0]["accounting"];
+  double gen = a.value("generated", 0.0), tr = a.value("trained", 0.0),
+         st = a.value("dropped_stale", 0.0), inv = a.value("dropped_invalid", 0.0),
+         inf = a.value("in_flight", 0.0), lost = a.value("lost_with_actor", 0.0);
+  EXPECT_GT(gen, 0);
+  EXPECT_NEAR(gen, tr + st + inv + inf + lost, 0.5) << "accounting: " << a.dump() << "\n"
+                                                    << job.Output();
+}
+
+TEST(MultiTurnJob, TrainsOnEpisodesWithToolTokensMasked) {
+  fs::path dir = TestDir("file_reverse");
+  Job job("multiturn_file_reverse.yaml",
+          Short(12, {"warm_start.steps=100", "eval.every_steps=6", "eval.prompts=16"}), dir);
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+
+  // Rollout actors played episodes (through EpisodeDriver) and shipped tool tokens.
+  auto rollouts = job.Finals("rollout");
+  ASSERT_FALSE(rollouts.empty()) << job.Output();
+  double episodes = 0, model_tokens = 0, env_tokens = 0;
+  for (auto& r : rollouts) {
+    episodes += r.value("episodes.episodes", 0.0);
+    model_tokens += r.value("gen_tokens", 0.0);
+    env_tokens += r.value("gen_env_tokens", 0.0);
+  }
+  EXPECT_GT(episodes, 0) << rollouts[0].dump();
+  EXPECT_GT(env_tokens, 0) << rollouts[0].dump();
+
+  // The learner trained on them: the trained (mask 1) tokens never exceed the
+  // model's own tokens, and the batches it received held environment tokens.
+  auto trains = job.Metrics("train");
+  ASSERT_FALSE(trains.empty()) << job.Output();
+  double trained = 0;
+  for (auto& t : trains) trained += t.value("tokens", 0.0);
+  EXPECT_GT(trained, 0);
+  EXPECT_LE(trained, model_tokens);
+  const json& last = trains.back();
+  EXPECT_GT(last.value("received_env_tokens", 0.0), 0) << last.dump();
+  EXPECT_LT(last.value("received_env_tokens", 0.0), last.value("received_response_tokens", 0.0));
+
+  // Held-out evaluation played episodes too.
+  auto warm = job.Metrics("warm_start");
+  ASSERT_EQ(warm.size(), 1u);
+  auto evals = job.Metrics("eval");
+  ASSERT_FALSE(evals.empty());
+  EXPECT_EQ(evals.back().value("eval_prompts", 0.0), 16.0);
+}
+
+// A troupe-reward-server on a free port; killed (by pid) when the test ends.
+class RewardServer {
+ public:
+  explicit RewardServer(const fs::path& dir) {
+    out_ = (dir / "reward-server.out").string();
+    SpawnOptions o;
+    o.argv = {BuildDir() + "/envs/troupe-reward-server", "--port", "0", "--task", "reverse"};
+    o.output_file = out_;
+    auto p = Subprocess::Spawn(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return;
+    proc_ = std::make_unique<Subprocess>(std::move(p).value());
+    std::regex re("PORT ([0-9]+)");
+    Eventually(
+        [&] {
+          auto t = ReadFile(out_);
+          std::smatch m;
+          if (t.ok() && std::regex_search(*t, m, re)) port_ = std::stoi(m[1]);
+          return port_ > 0;
+        },
+        30000);
+  }
+  ~RewardServer() { Kill(); }
+  int port() const { return port_; }
+  void Kill() {
+    if (proc_) {
+      proc_->Signal(SIGKILL).IgnoreError();
+      proc_->Wait(Deadline::InMs(10000)).status().IgnoreError();
+      proc_.reset();
+    }
+  }
+  std::string ServicesOverride() const {
+    return "reward_services.services=[{name: verifier, url: \"http://127.0.0.1:" +
+           std::to_string(port_) + "/verify\", timeout_ms: 1000, max_attempts: 2}]";
+  }
+
+ private:
+  std::string out_;
+  std::unique_ptr<Subprocess> proc_;
+  int port_ = 0;
+};
+
+TEST(ExternalRewardJob, ScoresThroughARealServer) {
+  fs::path dir = TestDir("external");
+  RewardServer server(dir);
+  ASSERT_GT(server.port(), 0);
+  Job job("external_reward.yaml", Short(15, {server.ServicesOverride(), "eval.every_steps=5"}),
+          dir);
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  auto rewards = job.Finals("reward");
+  ASSERT_FALSE(rewards.empty()) << job.Output();
+  const json& r = rewards[0];
+  EXPECT_GT(r.value("reward_service.verifier.ok", 0.0), 0) << r.dump();
+  EXPECT_EQ(r.value("reward_service.verifier.failed", 0.0), 0) << r.dump();
+  EXPECT_GT(r.value("task.reverse.reward_mean", 0.0), 0) << r.dump();
+  // The learner trained on the service's rewards and evaluated with it.
+  auto trains = job.Metrics("train");
+  ASSERT_FALSE(trains.empty());
+  double reward_sum = 0;
+  for (auto& t : trains) reward_sum += t.value("reward_mean", 0.0);
+  EXPECT_GT(reward_sum, 0);
+  auto warm = job.Metrics("warm_start");
+  ASSERT_EQ(warm.size(), 1u);
+  EXPECT_GT(warm[0].value("eval_reward", 0.0), 0) << warm[0].dump();
+}
+
+TEST(ExternalRewardJob, ServerKilledMidRunGivesZeroRewardsWithAReasonAndTheJobCompletes) {
+  fs::path dir = TestDir("external-kill");
+  RewardServer server(dir);
+  ASSERT_GT(server.port(), 0);
+  Job job("external_reward.yaml", Short(30, {server.ServicesOverride(), "eval.every_steps=0"}),
+          dir);
+  // Kill the server once the learner trained a few updates on its rewards.
+  ASSERT_TRUE(Eventually([&] { return job.Metrics("train").size() >= 3; }, 600000)) << job.Output();
+  server.Kill();
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  auto rewards = job.Finals("reward");
+  ASSERT_FALSE(rewards.empty()) << job.Output();
+  const json& r = rewards[0];
+  EXPECT_GT(r.value("reward_service.verifier.ok", 0.0), 0) << r.dump();
+  EXPECT_GT(r.value("reward_service.verifier.failed", 0.0), 0) << r.dump();
+  EXPECT_GT(r.value("reward_service.verifier.unreachable", 0.0) +
+                r.value("reward_service.verifier.connection", 0.0),
+            0)
+      << r.dump();
+  // The reason is logged by the reward actor.
+  auto run = ResolveRunDir(job.runs(), "");
+  ASSERT_TRUE(run.ok());
+  bool reason = false;
+  for (auto& f : fs::directory_iterator(fs::path(run->path) / "logs")) {
+    if (f.path().filename().string().rfind("reward", 0) != 0) continue;
+    auto t = ReadFile(f.path().string());
+    if (t.ok() && t->find("verifier") != std::string::npos &&
+        (t->find("unreachable") != std::string::npos || t->find("connection") != std::string::npos))
+      reason = true;
+  }
+  EXPECT_TRUE(reason) << "no failure reason naming the service in the reward actor's log";
+}
+
+}  // namespace
+}  // namespace troupe::launcher
