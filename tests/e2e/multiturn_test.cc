@@ -153,7 +153,7 @@ TEST(MultiTurnJob, TrainsOnEpisodesWithToolTokensMasked) {
   ASSERT_FALSE(rollouts.empty()) << job.Output();
   double episodes = 0, model_tokens = 0, env_tokens = 0;
   for (auto& r : rollouts) {
-    episodes += r.value("episodes.episodes", 0.0);
+    episodes += r.value("episodes.count", 0.0);
     model_tokens += r.value("gen_tokens", 0.0);
     env_tokens += r.value("gen_env_tokens", 0.0);
   }
