@@ -19,6 +19,8 @@
 // of all episodes share the engine's continuous batching. Each worker takes
 // every group queued while it was idle and runs them in one driver Run; with
 // several workers a new group never waits for a long Run to end.
+#include <time.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -157,7 +159,13 @@ class RolloutRole {
   int64_t gen_tokens_ = 0;
   int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups  //
                                 // sampled tokens of finished groups
-  std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
+  std::optional<std::chrono::steady_clock::time_point> first_submit_;
+  double first_submit_cpu_ = 0;  // ProcessCpuSeconds() then
+  static double ProcessCpuSeconds() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }                    // start of generation
   bool slow_ = false;  // fault injection (rollout.slow_actor)
   std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;
@@ -336,7 +344,10 @@ Status RolloutRole::SubmitGroups() {
                       DeriveSeed(job_.seed, id_ + "/episodes", incarnation_ * 1000003 + serial)};
       in_flight_[serial] = std::move(g);
       --credits_;
-      if (!first_submit_) first_submit_ = std::chrono::steady_clock::now();
+      if (!first_submit_) {
+        first_submit_ = std::chrono::steady_clock::now();
+        first_submit_cpu_ = ProcessCpuSeconds();
+      }
       {
         std::lock_guard<std::mutex> l(episode_mu_);
         episode_queue_.push_back(std::move(eg));
@@ -675,6 +686,10 @@ Status RolloutRole::Run() {
     UpdateStats();
   }
   double active_s = first_submit_ ? SecondsSince(*first_submit_) : 0;
+  // CPU of the whole process (every thread: engine, transport, weight updates)
+  // while generating: tokens per CPU-second is what the actor system costs,
+  // whatever share of the cores other processes took (bench/actors).
+  double active_cpu_s = first_submit_ ? ProcessCpuSeconds() - first_submit_cpu_ : 0;
   if (rt_.exit_reason() != ExitReason::kHeadLost) Drain();
   StopEpisodeWorkers();
   uint64_t gen = generated_.load(), res = resolved_.load();
@@ -683,6 +698,7 @@ Status RolloutRole::Run() {
       {"gen_tokens", static_cast<double>(gen_tokens_)},
       {"gen_env_tokens", static_cast<double>(gen_env_tokens_)},
       {"gen_active_s", active_s},
+      {"gen_cpu_s", active_cpu_s},
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};

@@ -8,6 +8,8 @@
 // a fixed number of seconds. Ends with one JSON line.
 //
 //   standalone_rollout CONFIG [--seconds S] [--set key=value ...]
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -38,8 +40,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
-    else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
+    if (a == "--seconds" && i + 1 < argc)
+      seconds = std::atof(argv[++i]);
+    else if (a == "--set" && i + 1 < argc)
+      sets.push_back(argv[++i]);
   }
   auto job = launcher::LoadJobConfig(config, sets);
   if (!job.ok()) {
@@ -69,6 +73,12 @@ int main(int argc, char** argv) {
   int in_flight = 0;
   std::atomic<int64_t> tokens{0}, groups{0};
   const int max_in_flight = static_cast<int>(job->rollout_settings.max_groups_in_flight);
+  auto cpu_now = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  const double cpu0 = cpu_now();
   auto t0 = std::chrono::steady_clock::now();
   auto end = t0 + std::chrono::duration<double>(seconds);
   uint64_t serial = 0;
@@ -108,6 +118,9 @@ int main(int argc, char** argv) {
   j["groups"] = groups.load();
   j["tokens"] = tokens.load();
   j["tokens_per_s"] = tokens.load() / elapsed;
+  const double cpu = cpu_now() - cpu0;
+  j["cpu_s"] = cpu;
+  j["tokens_per_cpu_s"] = tokens.load() / cpu;
   std::cout << j.dump() << std::endl;
   return 0;
 }
