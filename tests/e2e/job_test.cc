@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "e2e_util.h"
 #include "troupe/launcher/control_client.h"
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/subprocess.h"
@@ -35,116 +36,15 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string BuildDir() {
-  const char* b = std::getenv("TROUPE_BUILD_DIR");
-  return b ? b : "build";
-}
-std::string SourceDir() {
-  const char* s = std::getenv("TROUPE_SOURCE_DIR");
-  return s ? s : ".";
-}
-
-template <typename Pred>
-bool Eventually(Pred pred, int timeout_ms) {
-  auto d = Deadline::InMs(timeout_ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling other processes
-  }
-  return pred();
-}
-
-bool Alive(int pid) {
-  return pid > 0 && ::kill(pid, 0) == 0;
-}
+using e2e::Alive;
+using e2e::Eventually;
+using e2e::ExpectAccountingHolds;
 
 // One `troupe run` of the default job with overrides, in a private runs dir.
-class Job {
+class Job : public e2e::Job {
  public:
-  explicit Job(std::vector<std::string> sets, const std::string& name) {
-    dir_ = fs::path(::testing::TempDir()) / ("e2e." + name + "." + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    SpawnOptions o;
-    o.argv = {BuildDir() + "/launcher/troupe", "--runs-dir", runs(), "run",
-              SourceDir() + "/configs/tiny_reverse.yaml"};
-    for (auto& s : sets) {
-      o.argv.push_back("--set");
-      o.argv.push_back(s);
-    }
-    o.output_file = (dir_ / "troupe.out").string();
-    o.term_grace_ms = 20000;
-    auto p = Subprocess::Spawn(o);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (p.ok()) proc_ = std::make_unique<Subprocess>(std::move(p).value());
-  }
-  ~Job() {
-    if (proc_) proc_->Stop();
-    // Whatever a test killed the head for: no actor may survive it.
-    for (int pid : pids_) {
-      if (Alive(pid)) {
-        ADD_FAILURE() << "actor pid " << pid << " survived the test";
-        ::kill(pid, SIGKILL);
-      }
-    }
-    if (!::testing::Test::HasFailure()) fs::remove_all(dir_);
-  }
-  std::string runs() const { return (dir_ / "runs").string(); }
-  Subprocess& proc() { return *proc_; }
-  Result<RunDir> run() const { return ResolveRunDir(runs(), ""); }
-
-  // Waits until the head answers and `pred(status)` holds.
-  bool WaitStatus(const std::function<bool(const ControlResult&)>& pred, int timeout_ms) {
-    return Eventually(
-        [&] {
-          auto r = run();
-          if (!r.ok() || !fs::exists(r->head_file())) return false;
-          auto st = SendControl(*r, "status", Deadline::InMs(2000));
-          if (!st.ok()) return false;
-          for (auto& a : st->actors)
-            if (a.pid > 0) pids_.insert(a.pid);
-          return pred(*st);
-        },
-        timeout_ms);
-  }
-  int PidOf(const std::string& id) {
-    int pid = 0;
-    WaitStatus(
-        [&](const ControlResult& st) {
-          for (auto& a : st.actors)
-            if (a.id == id && a.state == "ready") pid = a.pid;
-          return pid > 0;
-        },
-        120000);
-    return pid;
-  }
-  ExitInfo Wait(int timeout_ms) {
-    auto e = proc_->Wait(Deadline::InMs(timeout_ms));
-    EXPECT_TRUE(e.ok()) << "troupe run did not finish: " << e.status().ToString() << "\n"
-                        << Output();
-    return e.ok() ? *e : ExitInfo{};
-  }
-  std::string Output() const {
-    auto t = ReadFile((dir_ / "troupe.out").string());
-    return t.ok() ? *t : "";
-  }
-  std::vector<json> Metrics(const std::string& kind) const {
-    std::vector<json> out;
-    auto r = run();
-    if (!r.ok()) return out;
-    std::ifstream in(r->metrics());
-    for (std::string line; std::getline(in, line);) {
-      auto j = json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
-    }
-    return out;
-  }
-  std::set<int>& pids() { return pids_; }
-
- private:
-  fs::path dir_;
-  std::unique_ptr<Subprocess> proc_;
-  std::set<int> pids_;
+  Job(const std::vector<std::string>& sets, const std::string& name)
+      : e2e::Job("tiny_reverse.yaml", sets, e2e::TestDir(name)) {}
 };
 
 // Settings every e2e job shares: short, bounded by updates, frequent
@@ -163,19 +63,6 @@ std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}
                                 "learner.restart_backoff_ms=100"};
   s.insert(s.end(), more.begin(), more.end());
   return s;
-}
-
-void ExpectAccountingHolds(const Job& job) {
-  auto js = job.Metrics("job_summary");
-  ASSERT_EQ(js.size(), 1u) << job.Output();
-  auto a = js[0]["accounting"];
-  double gen = a.value("generated", 0.0), tr = a.value("trained", 0.0),
-         st = a.value("dropped_stale", 0.0), inv = a.value("dropped_invalid", 0.0),
-         inf = a.value("in_flight", 0.0), lost = a.value("lost_with_actor", 0.0);
-  EXPECT_GT(gen, 0);
-  EXPECT_GT(tr, 0);
-  EXPECT_NEAR(gen, tr + st + inv + inf + lost, 0.5) << "accounting: " << a.dump() << "\n"
-                                                    << job.Output();
 }
 
 TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {

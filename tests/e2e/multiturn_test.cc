@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "e2e_util.h"
 #include "troupe/launcher/control_client.h"
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/subprocess.h"
@@ -33,88 +34,15 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string BuildDir() {
-  const char* b = std::getenv("TROUPE_BUILD_DIR");
-  return b ? b : "build";
-}
-std::string SourceDir() {
-  const char* s = std::getenv("TROUPE_SOURCE_DIR");
-  return s ? s : ".";
-}
-
-template <typename Pred>
-bool Eventually(Pred pred, int timeout_ms) {
-  auto d = Deadline::InMs(timeout_ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polling other processes
-  }
-  return pred();
-}
+using e2e::BuildDir;
+using e2e::Eventually;
+using e2e::ExpectAccountingHolds;
+using e2e::Job;
+using e2e::SourceDir;
 
 fs::path TestDir(const std::string& name) {
-  fs::path d =
-      fs::path(::testing::TempDir()) / ("e2e-mt." + name + "." + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return e2e::TestDir("mt." + name);
 }
-
-// One `troupe run` of a config with overrides, in a private runs dir.
-class Job {
- public:
-  Job(const std::string& config, std::vector<std::string> sets, const fs::path& dir) : dir_(dir) {
-    SpawnOptions o;
-    o.argv = {BuildDir() + "/launcher/troupe", "--runs-dir", runs(), "run",
-              SourceDir() + "/configs/" + config};
-    for (auto& s : sets) {
-      o.argv.push_back("--set");
-      o.argv.push_back(s);
-    }
-    o.output_file = (dir_ / "troupe.out").string();
-    o.term_grace_ms = 20000;
-    auto p = Subprocess::Spawn(o);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (p.ok()) proc_ = std::make_unique<Subprocess>(std::move(p).value());
-  }
-  ~Job() {
-    if (proc_) proc_->Stop();
-  }
-  std::string runs() const { return (dir_ / "runs").string(); }
-  ExitInfo Wait(int timeout_ms) {
-    if (!proc_) return {};
-    auto e = proc_->Wait(Deadline::InMs(timeout_ms));
-    EXPECT_TRUE(e.ok()) << "troupe run did not finish: " << e.status().ToString() << "\n"
-                        << Output();
-    return e.ok() ? *e : ExitInfo{};
-  }
-  std::string Output() const {
-    auto t = ReadFile((dir_ / "troupe.out").string());
-    return t.ok() ? *t : "";
-  }
-  std::vector<json> Metrics(const std::string& kind) const {
-    std::vector<json> out;
-    auto r = ResolveRunDir(runs(), "");
-    if (!r.ok()) return out;
-    std::ifstream in(r->metrics());
-    for (std::string line; std::getline(in, line);) {
-      auto j = json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
-    }
-    return out;
-  }
-  // The "final" record of the first actor whose id starts with `prefix`.
-  std::vector<json> Finals(const std::string& prefix) const {
-    std::vector<json> out;
-    for (auto& j : Metrics("final"))
-      if (j.value("actor", "").rfind(prefix, 0) == 0) out.push_back(j);
-    return out;
-  }
-
- private:
-  fs::path dir_;
-  std::unique_ptr<Subprocess> proc_;
-};
 
 std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}) {
   std::vector<std::string> s = {"stop.max_steps=" + std::to_string(max_steps),
@@ -126,18 +54,6 @@ std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}
                                 "head.head_grace_ms=4000"};
   s.insert(s.end(), more.begin(), more.end());
   return s;
-}
-
-void ExpectAccountingHolds(const Job& job) {
-  auto js = job.Metrics("job_summary");
-  ASSERT_EQ(js.size(), 1u) << job.Output();
-  auto a = js[0]["accounting"];
-  double gen = a.value("generated", 0.0), tr = a.value("trained", 0.0),
-         st = a.value("dropped_stale", 0.0), inv = a.value("dropped_invalid", 0.0),
-         inf = a.value("in_flight", 0.0), lost = a.value("lost_with_actor", 0.0);
-  EXPECT_GT(gen, 0);
-  EXPECT_NEAR(gen, tr + st + inv + inf + lost, 0.5) << "accounting: " << a.dump() << "\n"
-                                                    << job.Output();
 }
 
 TEST(MultiTurnJob, TrainsOnEpisodesWithToolTokensMasked) {

@@ -1,0 +1,172 @@
+// Shared helpers of the end-to-end tests: a `troupe run` job in a private runs
+// folder, what its run folder says (metrics.jsonl records), and the accounting
+// check. Header-only; each e2e test binary includes it once.
+#pragma once
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "troupe/launcher/control_client.h"
+#include "troupe/launcher/run_dir.h"
+#include "troupe/launcher/subprocess.h"
+
+namespace troupe::launcher::e2e {
+
+inline std::string BuildDir() {
+  const char* b = std::getenv("TROUPE_BUILD_DIR");
+  return b ? b : "build";
+}
+inline std::string SourceDir() {
+  const char* s = std::getenv("TROUPE_SOURCE_DIR");
+  return s ? s : ".";
+}
+
+// Polls `pred` until true or the deadline (other processes give us nothing to wait on).
+template <typename Pred>
+bool Eventually(Pred pred, int timeout_ms) {
+  auto d = Deadline::InMs(timeout_ms);
+  while (!d.expired()) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return pred();
+}
+
+inline bool Alive(int pid) {
+  return pid > 0 && ::kill(pid, 0) == 0;
+}
+
+// A fresh, empty folder under the test temp dir.
+inline std::filesystem::path TestDir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::path(::testing::TempDir()) / ("e2e." + name + "." + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// One `troupe run configs/<config>` with --set overrides, in `dir`/runs. The
+// destructor stops it and checks that no actor it saw outlived it.
+class Job {
+ public:
+  Job(const std::string& config, const std::vector<std::string>& sets, std::filesystem::path dir)
+      : dir_(std::move(dir)) {
+    SpawnOptions o;
+    o.argv = {BuildDir() + "/launcher/troupe", "--runs-dir", runs(), "run",
+              SourceDir() + "/configs/" + config};
+    for (const auto& s : sets) {
+      o.argv.push_back("--set");
+      o.argv.push_back(s);
+    }
+    o.output_file = (dir_ / "troupe.out").string();
+    o.term_grace_ms = 20000;
+    auto p = Subprocess::Spawn(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (p.ok()) proc_ = std::make_unique<Subprocess>(std::move(p).value());
+  }
+  ~Job() {
+    if (proc_) proc_->Stop();
+    // Whatever a test killed the head for: no actor may survive it.
+    for (int pid : pids_) {
+      if (Alive(pid)) {
+        ADD_FAILURE() << "actor pid " << pid << " survived the test";
+        ::kill(pid, SIGKILL);
+      }
+    }
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  std::string runs() const { return (dir_ / "runs").string(); }
+  Subprocess& proc() { return *proc_; }
+  Result<RunDir> run() const { return ResolveRunDir(runs(), ""); }
+
+  // Waits until the head answers and `pred(status)` holds.
+  bool WaitStatus(const std::function<bool(const ControlResult&)>& pred, int timeout_ms) {
+    return Eventually(
+        [&] {
+          auto r = run();
+          if (!r.ok() || !std::filesystem::exists(r->head_file())) return false;
+          auto st = SendControl(*r, "status", Deadline::InMs(2000));
+          if (!st.ok()) return false;
+          for (auto& a : st->actors)
+            if (a.pid > 0) pids_.insert(a.pid);
+          return pred(*st);
+        },
+        timeout_ms);
+  }
+  int PidOf(const std::string& id) {
+    int pid = 0;
+    WaitStatus(
+        [&](const ControlResult& st) {
+          for (auto& a : st.actors)
+            if (a.id == id && a.state == "ready") pid = a.pid;
+          return pid > 0;
+        },
+        120000);
+    return pid;
+  }
+  ExitInfo Wait(int timeout_ms) {
+    if (!proc_) return {};
+    auto e = proc_->Wait(Deadline::InMs(timeout_ms));
+    EXPECT_TRUE(e.ok()) << "troupe run did not finish: " << e.status().ToString() << "\n"
+                        << Output();
+    return e.ok() ? *e : ExitInfo{};
+  }
+  std::string Output() const {
+    auto t = ReadFile((dir_ / "troupe.out").string());
+    return t.ok() ? *t : "";
+  }
+  std::vector<nlohmann::json> Metrics(const std::string& kind) const {
+    std::vector<nlohmann::json> out;
+    auto r = run();
+    if (!r.ok()) return out;
+    std::ifstream in(r->metrics());
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
+    }
+    return out;
+  }
+  // The "final" records of the actors whose id starts with `prefix`.
+  std::vector<nlohmann::json> Finals(const std::string& prefix) const {
+    std::vector<nlohmann::json> out;
+    for (auto& j : Metrics("final"))
+      if (j.value("actor", "").rfind(prefix, 0) == 0) out.push_back(j);
+    return out;
+  }
+  std::set<int>& pids() { return pids_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<Subprocess> proc_;
+  std::set<int> pids_;
+};
+
+// DESIGN invariant 4 on the job_summary line:
+// generated = trained + dropped_stale + dropped_invalid + in_flight + lost_with_actor.
+inline void ExpectAccountingHolds(const Job& job) {
+  auto js = job.Metrics("job_summary");
+  ASSERT_EQ(js.size(), 1u) << job.Output();
+  auto a = js[0]["accounting"];
+  double gen = a.value("generated", 0.0), tr = a.value("trained", 0.0),
+         st = a.value("dropped_stale", 0.0), inv = a.value("dropped_invalid", 0.0),
+         inf = a.value("in_flight", 0.0), lost = a.value("lost_with_actor", 0.0);
+  EXPECT_GT(gen, 0);
+  EXPECT_GT(tr, 0);
+  EXPECT_NEAR(gen, tr + st + inv + inf + lost, 0.5) << "accounting: " << a.dump() << "\n"
+                                                    << job.Output();
+}
+
+}  // namespace troupe::launcher::e2e
