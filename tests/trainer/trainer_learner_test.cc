@@ -3,6 +3,7 @@
 // accounting, supervised warm start and a toy problem GRPO must solve.
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <set>
@@ -464,7 +465,7 @@ TEST(Learner, MaskedDemonstrationsTrainOnlyTheModelsTokens) {
   auto run = [](int32_t t1, int32_t t2) {
     auto l = MakeLearner(TestConfig(), 9);
     Demonstrations d;
-    d.Add({1, 4, 5}, {5, 4, 2});                                 // no mask: all trained
+    d.Add({1, 4, 5}, {5, 4, 2});  // no mask: all trained
     d.Add({1, 6, 7}, {7, 6, t1, t2}, std::vector<uint8_t>{1, 1, 0, 0});
     auto m = l->SupervisedStep(d);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
@@ -561,13 +562,15 @@ TEST(Learner, KlPenaltyPullsTowardReference) {
 // token earns 0.5.
 // Responses are sampled from the policy itself (two tokens, temperature 1).
 TEST(Learner, GrpoImprovesRewardOnToyTask) {
-  const uint64_t seed = std::random_device{}();
+  // A fixed seed (a test must not fail by chance); TROUPE_TEST_SEED tries others.
+  const char* env_seed = std::getenv("TROUPE_TEST_SEED");
+  const uint64_t seed = env_seed ? std::strtoull(env_seed, nullptr, 10) : 20261130;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   LearnerConfig c = TestConfig();
-  c.lr = 1e-2;
+  c.lr = 5e-3;
   auto l = MakeLearner(c, seed);
-  const int prompts = 16, samples = 8, steps = 60;
+  const int prompts = 16, samples = 8, steps = 80;
   double first_reward = 0, late_reward = 0;
   for (int step = 0; step < steps; ++step) {
     std::vector<int32_t> xs;
@@ -624,7 +627,7 @@ TEST(Learner, GrpoImprovesRewardOnToyTask) {
     }
   }
   std::printf("reward: first 5 steps %.3f, last 10 steps %.3f\n", first_reward, late_reward);
-  // Untrained: ~1/16 per token. Seen after 60 steps: 0.37-0.77.
+  // Untrained: ~1/16 per token. Seen after 80 steps, seeds 1-20: 0.44-0.91.
   EXPECT_GT(late_reward, first_reward + 0.2);
 }
 
