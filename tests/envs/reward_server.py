@@ -128,6 +128,14 @@ class Handler(BaseHTTPRequestHandler):
             self._ok(sample)
 
 
+class Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog is 5: tests open dozens of
+    # connections at once, and on a loaded machine the dropped SYNs stalled
+    # clients for seconds (kernel SYN retries) until their deadlines passed.
+    request_queue_size = 256
+    daemon_threads = True
+
+
 def watch_parent(parent):
     while True:
         if os.getppid() != parent:
@@ -140,8 +148,7 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
+    server = Server((args.host, args.port), Handler)
     threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()
     print("PORT %d" % server.server_address[1], flush=True)
     server.serve_forever()
