@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
 
 
-def troupe_run(build, sets, timeout):
+def troupe_run(build, sets, timeout, with_runs=False):
     """Runs a job in a private runs folder; returns the parsed metrics.jsonl records."""
     runs = tempfile.mkdtemp(prefix="troupe-bench-")
     cmd = [os.path.join(build, "launcher", "troupe"), "--runs-dir", runs, "run", CONFIG]
@@ -39,7 +39,7 @@ def troupe_run(build, sets, timeout):
         for line in f:
             recs.append(json.loads(line))
     sys.stderr.write("".join(l + "\n" for l in out.stdout.splitlines() if l.startswith(("warm", "summary", "  "))))
-    return recs, wall
+    return (recs, wall, runs) if with_runs else (recs, wall)
 
 
 def time_to(recs, target):
@@ -94,14 +94,18 @@ def bench_async(a):
 def bench_overhead(a):
     sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
             "eval.every_steps=0"]
-    recs, _ = troupe_run(a.build, sets, a.timeout)
+    recs, _, runs = troupe_run(a.build, sets, a.timeout, with_runs=True)
     fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
     if not fin:
         raise SystemExit("no rollout final report")
     job_rate = fin[0]["gen_tokens"] / max(fin[0]["gen_active_s"], 1e-9)
     seconds = max(5.0, fin[0]["gen_active_s"])
+    # The peer generates with the job's final weights (same response lengths).
+    ckpts = os.path.join(runs, "latest", "checkpoints")
+    with open(os.path.join(ckpts, "latest")) as f:  # holds the newest checkpoint's name
+        weights = os.path.join(ckpts, f.read().strip(), "model.safetensors")
     out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
-                          "%.1f" % seconds] + sum([["--set", s] for s in sets], []),
+                          "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []),
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,
                          env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     alone = json.loads(out.stdout.strip().splitlines()[-1])

@@ -7,7 +7,12 @@
 // in flight through Engine::Submit, and counts sampled tokens per second for
 // a fixed number of seconds. Ends with one JSON line.
 //
-//   standalone_rollout CONFIG [--seconds S] [--set key=value ...]
+// --weights PATH loads a model.safetensors (e.g. the job's last checkpoint):
+// a trained policy stops earlier than a random one, which changes the prefill
+// share of every generated token, so the peer must generate with the same
+// weights as the job it is compared with.
+//
+//   standalone_rollout CONFIG [--seconds S] [--weights PATH] [--set key=value ...]
 #include <time.h>
 
 #include <atomic>
@@ -22,6 +27,7 @@
 
 #include "troupe/engine/engine.h"
 #include "troupe/engine/memory.h"
+#include "troupe/engine/safetensors.h"
 #include "troupe/envs/renderer.h"
 #include "troupe/envs/sampler.h"
 #include "troupe/envs/tasks.h"
@@ -32,16 +38,20 @@ using namespace troupe;
 int main(int argc, char** argv) {
   engine::ConfigureAllocatorForTensors();
   if (argc < 2) {
-    std::cerr << "usage: standalone_rollout CONFIG [--seconds S] [--set key=value ...]\n";
+    std::cerr << "usage: standalone_rollout CONFIG [--seconds S] [--weights PATH] [--set "
+                 "key=value ...]\n";
     return 2;
   }
   std::string config = argv[1];
   double seconds = 20;
   std::vector<std::string> sets;
+  std::string weights;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc)
       seconds = std::atof(argv[++i]);
+    else if (a == "--weights" && i + 1 < argc)
+      weights = argv[++i];
     else if (a == "--set" && i + 1 < argc)
       sets.push_back(argv[++i]);
   }
@@ -63,7 +73,16 @@ int main(int argc, char** argv) {
   ec.intra_op_threads = job->engine.intra_op_threads;
   ec.device = job->engine.device;
   ec.fused_cpu_kernels = job->engine.fused_cpu_kernels;
-  auto eng = engine::Engine::Create(ec);
+  std::shared_ptr<engine::LlamaModel> model;
+  if (!weights.empty()) {
+    auto m = engine::LoadModel(weights, ec.model);
+    if (!m.ok()) {
+      std::cerr << m.status().ToString() << "\n";
+      return 1;
+    }
+    model = *m;
+  }
+  auto eng = engine::Engine::Create(ec, model);
   if (!eng.ok()) {
     std::cerr << eng.status().ToString() << "\n";
     return 1;
