@@ -32,15 +32,17 @@ void Progress::OnMetrics(const std::string& kind, uint64_t step,
   } else if (kind == "eval") {
     eval_ = s;
     pending_.push_back(fmt::format(
-        "eval  step {:>5}  t={:>7.1f}s  accuracy {:.3f}  reward {:.3f}  lag {:.2f}  gen {} tok/s  "
-        "train {} tok/s",
-        step, Get(s, "elapsed_s", 0), Get(s, "eval_accuracy", 0), Get(train_, "reward_mean", NAN),
-        Get(train_, "lag_mean", NAN), Rate(gen_rate_), Rate(Get(train_, "train_tokens_per_s"))));
+        "eval  step {:>5}  t={:>7.1f}s  held-out accuracy {:.3f} reward {:.3f}  sampled reward "
+        "{:.3f}  lag {:.2f}  gen {} tok/s  train {} tok/s",
+        step, Get(s, "elapsed_s", 0), Get(s, "eval_accuracy", 0), Get(s, "eval_reward", NAN),
+        Get(train_, "reward_mean", NAN), Get(train_, "lag_mean", NAN), Rate(gen_rate_),
+        Rate(Get(train_, "train_tokens_per_s"))));
   } else if (kind == "warm_start") {
     pending_.push_back(
-        fmt::format("warm start: {} supervised steps in {:.1f}s, held-out accuracy {:.3f}",
+        fmt::format("warm start: {} supervised steps in {:.1f}s, held-out accuracy {:.3f}, "
+                    "reward {:.3f}",
                     static_cast<int64_t>(Get(s, "steps", 0)), Get(s, "seconds", 0),
-                    Get(s, "eval_accuracy", 0)));
+                    Get(s, "eval_accuracy", 0), Get(s, "eval_reward", NAN)));
   } else if (kind == "resume") {
     pending_.push_back(fmt::format("resumed from checkpoint at step {}", step));
   }
