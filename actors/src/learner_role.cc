@@ -792,7 +792,9 @@ void LearnerRole::Finish() {
       {"queued_sequences", static_cast<double>(c.accepted_sequences - c.trained_sequences -
                                                std::min(c.accepted_sequences - c.trained_sequences,
                                                         c.dropped_stale_sequences))},
-      {"duplicates", static_cast<double>(c.duplicate_batches)}};
+      {"duplicates", static_cast<double>(c.duplicate_batches)},
+      {"skipped_updates", static_cast<double>(skipped_updates_)},
+      {"ack_checkpoints", static_cast<double>(ack_checkpoints_)}};
   // Per producer incarnation: decided, and received but undecided (held).
   for (const auto& [src, n] : decided_by_source_) fin["decided:" + src] = static_cast<double>(n);
   for (const auto& [id, h] : held_) fin["held:" + h.source] += static_cast<double>(h.sequences);

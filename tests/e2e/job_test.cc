@@ -97,6 +97,24 @@ TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
   EXPECT_GT(sum[0].value("train_tokens_per_s", 0.0), 0);
 }
 
+// Every update skipped (one sampled token can never reverse a 3-6 letter
+// word: every reward is 0, every group uniform). Decided batches must still be
+// acknowledged (early checkpoints), or the senders' bounded outboxes fill and
+// the job stalls; skipped updates count toward stop.max_steps.
+TEST(EndToEnd, UpdatesWithNoSignalStillAcknowledgeAndEnd) {
+  Job job(Short(150, {"sampling.max_new_tokens=1", "warm_start.steps=5", "eval.every_steps=0"}),
+          "no_signal");
+  auto e = job.Wait(300000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  auto learner = job.Finals("learner");
+  ASSERT_EQ(learner.size(), 1u) << job.Output();
+  EXPECT_EQ(learner[0].value("skipped_updates", 0.0), 150.0) << learner[0].dump();
+  EXPECT_GT(learner[0].value("ack_checkpoints", 0.0), 0.0) << learner[0].dump();
+  // 150 updates x 4 messages passed through the reward actor's 256-message outbox.
+  EXPECT_GE(learner[0].value("trained", 0.0), 150.0 * 128) << learner[0].dump();
+}
+
 TEST(EndToEnd, KilledRolloutAndRewardActorsAreReplacedAndNothingIsLost) {
   Job job(Short(100), "kill_workers");
   int rollout = job.PidOf("rollout-1");
