@@ -19,8 +19,6 @@
 // of all episodes share the engine's continuous batching. Each worker takes
 // every group queued while it was idle and runs them in one driver Run; with
 // several workers a new group never waits for a long Run to end.
-#include <time.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -32,6 +30,7 @@
 #include "role_common.h"
 #include "roles.h"
 #include "troupe/broadcast/receiver.h"
+#include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
 #include "troupe/envs/episode_driver.h"
@@ -156,16 +155,10 @@ class RolloutRole {
   // Accounting (sequences).
   std::atomic<uint64_t> generated_{0}, resolved_{0}, rejected_{0};
   uint64_t rejected_groups_ = 0;
-  int64_t gen_tokens_ = 0;
-  int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups  //
-                                // sampled tokens of finished groups
-  std::optional<std::chrono::steady_clock::time_point> first_submit_;
-  double first_submit_cpu_ = 0;  // ProcessCpuSeconds() then
-  static double ProcessCpuSeconds() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }                    // start of generation
+  int64_t gen_tokens_ = 0;      // sampled tokens of finished groups
+  int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups
+  std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
+  double first_submit_cpu_ = 0;                                        // ProcessCpuSeconds() then
   bool slow_ = false;  // fault injection (rollout.slow_actor)
   std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;

@@ -13,8 +13,6 @@
 // weights as the job it is compared with.
 //
 //   standalone_rollout CONFIG [--seconds S] [--weights PATH] [--set key=value ...]
-#include <time.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -25,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "troupe/core/cpu_time.h"
 #include "troupe/engine/engine.h"
 #include "troupe/engine/memory.h"
 #include "troupe/engine/safetensors.h"
@@ -92,12 +91,7 @@ int main(int argc, char** argv) {
   int in_flight = 0;
   std::atomic<int64_t> tokens{0}, groups{0};
   const int max_in_flight = static_cast<int>(job->rollout_settings.max_groups_in_flight);
-  auto cpu_now = [] {
-    timespec ts{};
-    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  };
-  const double cpu0 = cpu_now();
+  const double cpu0 = ProcessCpuSeconds();
   auto t0 = std::chrono::steady_clock::now();
   auto end = t0 + std::chrono::duration<double>(seconds);
   uint64_t serial = 0;
@@ -137,7 +131,7 @@ int main(int argc, char** argv) {
   j["groups"] = groups.load();
   j["tokens"] = tokens.load();
   j["tokens_per_s"] = tokens.load() / elapsed;
-  const double cpu = cpu_now() - cpu0;
+  const double cpu = ProcessCpuSeconds() - cpu0;
   j["cpu_s"] = cpu;
   j["tokens_per_cpu_s"] = tokens.load() / cpu;
   std::cout << j.dump() << std::endl;

@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
 #include "troupe/engine/logprob.h"
@@ -93,12 +94,6 @@ struct Rate {
   double wall = 0, cpu = 0;
 };
 
-double ThreadCpu() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 // Generated tokens per second of one Generate() call (CPU time: the engine thread's).
 Rate EngineRun(Engine& e, const std::vector<GenerateRequest>& reqs) {
   const EngineStats before = e.stats();
@@ -151,24 +146,24 @@ Rate RecomputeRun(LlamaModel& model, int batch, int prompt_len, int new_tokens) 
   c10::InferenceMode guard;
   at::Tensor ids = at::randint(3, model.config().vocab_size, {batch, prompt_len}, at::kLong);
   auto t0 = Clock::now();
-  const double c0 = ThreadCpu();
+  const double c0 = ThreadCpuSeconds();
   for (int s = 0; s < new_tokens; ++s) {
     at::Tensor logits = model.Forward(ids).select(1, ids.size(1) - 1);
     at::Tensor next = at::argmax(ScaledLogSoftmax(logits, 1.0), -1, /*keepdim=*/true);
     ids = at::cat({ids, next}, 1);
   }
   const double tokens = static_cast<double>(batch) * new_tokens;
-  return {tokens / Seconds(t0, Clock::now()), tokens / (ThreadCpu() - c0)};
+  return {tokens / Seconds(t0, Clock::now()), tokens / (ThreadCpuSeconds() - c0)};
 }
 
 // Full-sequence forward tokens/s on [batch, len] (the decode limit), one run.
 Rate ForwardRun(LlamaModel& model, const at::Tensor& ids) {
   c10::InferenceMode guard;
   auto t0 = Clock::now();
-  const double c0 = ThreadCpu();
+  const double c0 = ThreadCpuSeconds();
   at::Tensor logits = model.Forward(ids);
   const double tokens = static_cast<double>(ids.numel());
-  return {tokens / Seconds(t0, Clock::now()), tokens / (ThreadCpu() - c0)};
+  return {tokens / Seconds(t0, Clock::now()), tokens / (ThreadCpuSeconds() - c0)};
 }
 
 Rate PythonPeer(const ModelConfig& m, int batch, int prompt_len, int new_tokens) {

@@ -14,6 +14,7 @@
 
 #include "sampler.h"
 #include "troupe/core/check.h"
+#include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/logprob.h"
 
@@ -227,12 +228,6 @@ bool SetBlasThreads(int n) {
   if (fn == nullptr) return false;
   fn(n);
   return true;
-}
-
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Restores the module's train/eval mode on scope exit.
