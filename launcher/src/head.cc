@@ -83,6 +83,8 @@ struct Record {
   // connect as "<id>#<incarnation hex>", so an old incarnation back from a
   // partition is a different peer from its replacement (never routed over it).
   std::string route;
+  // Where head messages for this actor go: its registered route (its id before it registers).
+  const std::string& peer() const { return route.empty() ? id : route; }
   std::string role;
   int index = 0;
   std::string node;
@@ -528,7 +530,7 @@ void Head::Impl::SendControl(Record& r, int command) {
       c.getCommand().setShutdown();
       break;
   }
-  SendTo(r.route.empty() ? r.id : r.route, m);
+  SendTo(r.peer(), m);
 }
 
 void Head::Impl::FillActor(wire::ActorInfo::Builder b, const Record& r) const {
@@ -564,7 +566,7 @@ void Head::Impl::BroadcastDirectory() {
     if (r.registered() && r.alive()) listed.push_back(&r);
   auto list = d.initActors(static_cast<unsigned>(listed.size()));
   for (size_t i = 0; i < listed.size(); ++i) FillActor(list[static_cast<unsigned>(i)], *listed[i]);
-  for (auto* r : listed) SendTo(r->route.empty() ? r->id : r->route, m);
+  for (auto* r : listed) SendTo(r->peer(), m);
   directory_dirty_ = false;
   last_directory_ = Clock::now();
 }
