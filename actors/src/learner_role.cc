@@ -28,6 +28,7 @@
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
+#include "troupe/engine/safetensors.h"
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/scorer.h"
 #include "troupe/trainer/learner.h"
@@ -250,14 +251,45 @@ class LearnerRole {
   uint64_t ack_checkpoints_ = 0;          // early checkpoints taken to release acks
 };
 
+// The weights file `warm_start.init_from` names: a .safetensors file, a
+// directory holding model.safetensors, a checkpoints folder or a run folder
+// (then the checkpoint its `latest` names).
+Result<std::string> ResolveInitWeights(const std::string& from) {
+  std::error_code ec;
+  fs::path p(from);
+  if (!fs::exists(p, ec)) return NotFound("warm_start.init_from: '{}' does not exist", from);
+  if (!fs::is_directory(p, ec)) return p.string();
+  if (fs::exists(p / "model.safetensors", ec)) return (p / "model.safetensors").string();
+  for (fs::path root : {p, p / "checkpoints"}) {
+    std::ifstream in(root / "latest");
+    std::string name;
+    if (in && std::getline(in, name) && !name.empty() &&
+        fs::exists(root / name / "model.safetensors", ec))
+      return (root / name / "model.safetensors").string();
+  }
+  return NotFound(
+      "warm_start.init_from: '{}' holds no model.safetensors, and no checkpoints/latest naming "
+      "one",
+      from);
+}
+
+Result<std::shared_ptr<engine::LlamaModel>> InitialPolicy(const launcher::JobConfig& job) {
+  if (job.warm_start.init_from.empty())
+    return engine::LlamaModel::Create(job.model, DeriveSeed(job.seed, "policy-init"));
+  TROUPE_ASSIGN_OR_RETURN(std::string path, ResolveInitWeights(job.warm_start.init_from));
+  auto m = engine::LoadModel(path, job.model);
+  if (!m.ok()) return m.status().WithContext("warm_start.init_from");
+  return m;
+}
+
 Status LearnerRole::Setup() {
-  TROUPE_ASSIGN_OR_RETURN(
-      policy_, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
+  TROUPE_ASSIGN_OR_RETURN(policy_, InitialPolicy(job_));
+  if (!job_.warm_start.init_from.empty())
+    Log().info("policy starts from {}", job_.warm_start.init_from);
   std::shared_ptr<engine::LlamaModel> reference;
   if (job_.trainer.kl_coef > 0) {
     // The frozen reference of the KL penalty: the policy after the warm start.
-    TROUPE_ASSIGN_OR_RETURN(
-        reference, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
+    TROUPE_ASSIGN_OR_RETURN(reference, InitialPolicy(job_));
   }
   TROUPE_ASSIGN_OR_RETURN(learner_, trainer::Learner::Create(job_.trainer, policy_, reference));
   engine::EngineConfig ec;
@@ -450,7 +482,8 @@ void LearnerRole::SendEval(const EvalResult& e) {
 // ---------------------------------------------------------------- warm start
 
 Status LearnerRole::WarmStart() {
-  if (job_.warm_start.steps == 0) return Status::Ok();
+  // Nothing to do (and nothing to report) for a seeded init without supervised steps.
+  if (job_.warm_start.steps == 0 && job_.warm_start.init_from.empty()) return Status::Ok();
   auto t0 = std::chrono::steady_clock::now();
   uint64_t index = DeriveSeed(job_.seed, "warm-start") % (uint64_t{1} << 40);
   for (uint32_t step = 0; step < job_.warm_start.steps; ++step) {

@@ -15,7 +15,7 @@
 Usage: bench/actors/job_bench.py [--build build] [--only default,async,overhead]
 Ends with one JSON line of the figures and ratios.
 """
-import argparse, json, os, re, subprocess, sys, tempfile, time
+import argparse, atexit, json, os, re, shutil, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
@@ -24,6 +24,8 @@ CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
 def troupe_run(build, sets, timeout, with_runs=False):
     """Runs a job in a private runs folder; returns the parsed metrics.jsonl records."""
     runs = tempfile.mkdtemp(prefix="troupe-bench-")
+    if not os.environ.get("TROUPE_BENCH_KEEP_RUNS"):  # set it to keep the run folders
+        atexit.register(shutil.rmtree, runs, True)
     cmd = [os.path.join(build, "launcher", "troupe"), "--runs-dir", runs, "run", CONFIG]
     for s in sets:
         cmd += ["--set", s]

@@ -240,6 +240,9 @@ void Describe(Binder& b, EngineSpec& c) {
   b.Field("fused_cpu_kernels", &c.fused_cpu_kernels, "fused CPU decode kernels");
 }
 void Describe(Binder& b, WarmStartSpec& c) {
+  b.Field("init_from", &c.init_from,
+          "start from these weights: .safetensors file, checkpoint dir, checkpoints or run folder "
+          "(its latest checkpoint); empty: seeded init");
   b.Field("steps", &c.steps, "supervised updates on demonstrations before RL (0: none)");
   b.Field("batch_size", &c.batch_size, "demonstrations per update");
 }

@@ -198,6 +198,14 @@ int CmdRun(RunArgs a) {
   }
   if (!job.ok()) return Fail(job.status().message(), 2);
   if (!a.runs_dir.empty()) job->runs_dir = a.runs_dir;
+  if (!job->warm_start.init_from.empty() && a.resume.empty()) {
+    // The learner reads it from its own working directory: pin it to ours.
+    std::error_code ec;
+    job->warm_start.init_from =
+        fs::absolute(job->warm_start.init_from, ec).lexically_normal().string();
+    if (job->cluster.backend == "local" && !fs::exists(job->warm_start.init_from, ec))
+      return Fail("warm_start.init_from: '" + job->warm_start.init_from + "' does not exist", 2);
+  }
   if (a.submit) {
     if (!a.resume.empty()) return Fail("--submit cannot be combined with --resume", 2);
     return CmdSubmit(*job, a);

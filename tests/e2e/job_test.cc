@@ -11,7 +11,8 @@
 //   * SIGKILL of the head: every actor exits within the grace period;
 //   * a deliberately slowed rollout actor produces stale batches that the
 //     learner rejects and counts, and throttling keeps the drop rate low;
-//   * scale rollout up and down while the job runs.
+//   * scale rollout up and down while the job runs;
+//   * a job starts from another run's weights (warm_start.init_from).
 #include <signal.h>
 #include <unistd.h>
 
@@ -197,6 +198,38 @@ TEST(EndToEnd, SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted) {
   EXPECT_GT(stale, 0) << "a slowed actor should produce stale batches: " << a.dump();
   // Throttling keeps drops rare: the fast actor keeps the learner fed.
   EXPECT_LT(stale, 0.25 * gen) << a.dump();
+}
+
+// warm_start.init_from: a second job starts from the first one's final
+// checkpoint (named by its run folder), not from its seeded init; its
+// start-of-RL evaluation scores exactly what the first job's final one did
+// (greedy, same held-out prompts, same weights). A missing path is refused
+// before anything starts.
+TEST(EndToEnd, InitFromStartsFromAnotherRunsWeights) {
+  Job first(Short(10, {"eval.every_steps=0"}), "init_first");
+  auto e = first.Wait(300000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << first.Output();
+  auto first_evals = first.Metrics("eval");
+  ASSERT_FALSE(first_evals.empty()) << first.Output();
+  double final_accuracy = first_evals.back().value("eval_accuracy", -1.0);
+  // The seeded init scores 0; the warm-started, trained policy well above.
+  ASSERT_GT(final_accuracy, 0.2) << first.Output();
+  auto run = first.run();
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+
+  Job second(Short(1, {"warm_start.steps=0", "warm_start.init_from=" + run->path}),
+             "init_second");
+  e = second.Wait(300000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << second.Output();
+  auto warm = second.Metrics("warm_start");
+  ASSERT_EQ(warm.size(), 1u) << second.Output();
+  EXPECT_DOUBLE_EQ(warm[0].value("eval_accuracy", -1.0), final_accuracy) << second.Output();
+
+  Job missing(Short(1, {"warm_start.init_from=/nonexistent/weights.safetensors"}),
+              "init_missing");
+  e = missing.Wait(60000);
+  EXPECT_TRUE(e.exited && e.code == 2) << e.ToString();
+  EXPECT_NE(missing.Output().find("warm_start.init_from"), std::string::npos) << missing.Output();
 }
 
 TEST(EndToEnd, ScaleRolloutUpAndDownWhileRunning) {

@@ -18,11 +18,25 @@ std::string SourceDir() {
   return s ? s : ".";
 }
 
-std::string WriteConfig(const std::string& name, const std::string& text) {
-  fs::path p = fs::path(::testing::TempDir()) / (name + "." + std::to_string(::getpid()) + ".yaml");
-  std::ofstream(p) << text;
-  return p.string();
-}
+// A config file under the test temp dir, removed when the test ends.
+class ConfigFile {
+ public:
+  ConfigFile(const std::string& name, const std::string& text)
+      : path_((fs::path(::testing::TempDir()) / (name + "." + std::to_string(::getpid()) + ".yaml"))
+                  .string()) {
+    std::ofstream(path_) << text;
+  }
+  ~ConfigFile() {
+    std::error_code ec;
+    fs::remove(path_, ec);
+  }
+  ConfigFile(const ConfigFile&) = delete;
+  ConfigFile& operator=(const ConfigFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 TEST(JobConfig, EveryShippedConfigLoads) {
   int n = 0;
@@ -38,18 +52,20 @@ TEST(JobConfig, EveryShippedConfigLoads) {
 TEST(JobConfig, MinimalConfigIsValidWithDefaults) {
   // Defaults alone must describe a valid job (e.g. the model's vocabulary
   // follows the tokenizer unless set).
-  auto c = LoadJobConfig(WriteConfig("minimal", "name: m\n"), {});
+  ConfigFile minimal("minimal", "name: m\n");
+  auto c = LoadJobConfig(minimal.path(), {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_GE(c->model.vocab_size, 3 + static_cast<int64_t>(TokenizerAlphabet(c->tokenizer).size()));
   // The resolved config round-trips.
-  std::string path = WriteConfig("resolved", ResolvedConfigYaml(*c));
-  auto again = LoadResolvedConfig(path);
+  ConfigFile resolved("resolved", ResolvedConfigYaml(*c));
+  auto again = LoadResolvedConfig(resolved.path());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(ResolvedConfigYaml(*again), ResolvedConfigYaml(*c));
 }
 
 TEST(JobConfig, BadValuesNameTheKeyAndFile) {
-  std::string path = WriteConfig("bad", "name: b\n");
+  ConfigFile bad("bad", "name: b\n");
+  const std::string& path = bad.path();
   struct Case {
     std::string set, key;
   };

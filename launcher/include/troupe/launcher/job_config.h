@@ -74,6 +74,11 @@ struct EngineSpec {
 
 // Supervised warm start before RL (skipped when resuming from a checkpoint).
 struct WarmStartSpec {
+  // Weights the policy starts from instead of its seeded init: a .safetensors
+  // file, a directory holding model.safetensors (a checkpoint), a checkpoints
+  // folder or a run folder (its latest checkpoint). Relative to the working
+  // directory. The supervised steps (if any) run on top of them.
+  std::string init_from;
   uint32_t steps = 0;        // supervised updates on task demonstrations (0: none)
   uint32_t batch_size = 64;  // demonstrations per update
 };
