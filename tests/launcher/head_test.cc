@@ -1,12 +1,14 @@
 // Integration tests of the head with real troupe-actor processes (echo role):
 // registration, status, restart after SIGKILL, scale up/down, stop, logs -f,
-// and actors exiting by themselves when the head dies.
+// actors exiting by themselves when the head dies, and an actor back from a
+// partition after its replacement started.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -69,13 +71,14 @@ class HeadTest : public ::testing::Test {
     fs::remove_all(root_);
   }
 
-  void StartHead(uint32_t echo_count, uint32_t max_restarts = 3) {
+  void StartHead(uint32_t echo_count, uint32_t max_restarts = 3,
+                 std::unique_ptr<Spawner> spawner = nullptr) {
     HeadOptions o;
     o.job_name = "echo";
     o.run = run_;
     o.spec.heartbeat_interval_ms = 100;
     o.spec.heartbeat_timeout_ms = 2000;
-    o.spec.head_grace_ms = 3000;
+    o.spec.head_grace_ms = head_grace_ms_;
     o.spec.stop_grace_ms = 5000;
     RoleProcess echo;
     echo.count = echo_count;
@@ -88,7 +91,8 @@ class HeadTest : public ::testing::Test {
     no.identity.actor_id = "head";
     auto net = transport::NewZmqNetwork(no);
     ASSERT_TRUE(net.ok());
-    auto head = Head::Create(o, std::move(net).value(), NewLocalSpawner());
+    auto head = Head::Create(o, std::move(net).value(),
+                             spawner ? std::move(spawner) : NewLocalSpawner());
     ASSERT_TRUE(head.ok()) << head.status().ToString();
     head_ = std::move(head).value();
     ASSERT_TRUE(WriteHeadInfo(run_, HeadInfo{head_->endpoint(), ::getpid(), "echo"}).ok());
@@ -109,6 +113,7 @@ class HeadTest : public ::testing::Test {
     return n;
   }
 
+  uint32_t head_grace_ms_ = 3000;
   fs::path root_;
   RunDir run_;
   std::unique_ptr<Head> head_;
@@ -155,6 +160,105 @@ TEST_F(HeadTest, GivesUpAfterMaxRestarts) {
     auto a = Status().actors;
     return a.size() == 1 && a[0].state == "failed";
   }));
+}
+
+// Stands in for a remote backend whose host is cut off: stopping the first
+// process it started "succeeds" (like an ssh client that gave up) while the
+// process itself keeps running, owned here, so it can come back after the
+// head has replaced it.
+struct CutOff {
+  std::mutex mu;
+  std::unique_ptr<ActorProcess> survivor;  // the first process, once the head let go of it
+  // The survivor's exit (reaps it); nullopt while it runs or before it was let go.
+  std::optional<ExitInfo> SurvivorExit() {
+    std::lock_guard<std::mutex> l(mu);
+    return survivor ? survivor->Poll() : std::nullopt;
+  }
+};
+
+class CutOffSpawner : public Spawner {
+ public:
+  explicit CutOffSpawner(std::shared_ptr<CutOff> cut) : cut_(std::move(cut)) {}
+  Result<std::unique_ptr<ActorProcess>> Spawn(const ActorLaunch& launch) override {
+    TROUPE_ASSIGN_OR_RETURN(auto p, local_->Spawn(launch));
+    if (spawned_++ > 0) return p;
+    return std::unique_ptr<ActorProcess>(new Process(std::move(p), cut_));
+  }
+  std::string name() const override { return "cut-off"; }
+
+ private:
+  class Process : public ActorProcess {
+   public:
+    Process(std::unique_ptr<ActorProcess> inner, std::shared_ptr<CutOff> cut)
+        : inner_(std::move(inner)), cut_(std::move(cut)), node_(inner_->node()),
+          pid_(inner_->pid()) {}
+    ~Process() override { LetGo(); }
+    const std::string& node() const override { return node_; }
+    int pid() const override { return pid_; }
+    std::optional<ExitInfo> Poll() override {
+      if (!inner_) return ExitInfo{false, 0, SIGKILL};
+      return inner_->Poll();
+    }
+    void Terminate() override { LetGo(); }
+    void Kill() override { LetGo(); }
+
+   private:
+    void LetGo() {
+      if (!inner_) return;
+      std::lock_guard<std::mutex> l(cut_->mu);
+      cut_->survivor = std::move(inner_);
+    }
+    std::unique_ptr<ActorProcess> inner_;
+    std::shared_ptr<CutOff> cut_;
+    std::string node_;
+    int pid_;
+  };
+  std::unique_ptr<Spawner> local_ = NewLocalSpawner();
+  std::shared_ptr<CutOff> cut_;
+  int spawned_ = 0;
+};
+
+// An actor frozen past the heartbeat timeout is declared lost and replaced;
+// when the old incarnation comes back (its host could not be reached to kill
+// it) it is told to shut down, and it never takes over its replacement's
+// route: the replacement stays registered and heard from. Actors connect to
+// the head as "<id>#<incarnation>"; with a plain "<id>" the old connection
+// would take the route and the replacement would be declared lost.
+TEST_F(HeadTest, IncarnationBackFromAPartitionIsShutDownAndReplacementKeepsItsRoute) {
+  head_grace_ms_ = 20000;  // the frozen actor must not give up on the head by itself
+  auto cut = std::make_shared<CutOff>();
+  StartHead(1, 3, std::make_unique<CutOffSpawner>(cut));
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 1; }));
+  const int old_pid = Status().actors[0].pid;
+  ASSERT_EQ(::kill(old_pid, SIGSTOP), 0);
+  int new_pid = 0;
+  ASSERT_TRUE(Eventually([&] {
+    auto a = Status().actors;
+    if (a.size() == 1 && a[0].state == "ready" && a[0].pid != old_pid) new_pid = a[0].pid;
+    return new_pid > 0;
+  }));
+  ASSERT_EQ(::kill(old_pid, SIGCONT), 0);
+  // The old incarnation hears "shut down" and exits by itself (nobody kills it).
+  std::optional<ExitInfo> old_exit;
+  EXPECT_TRUE(Eventually([&] { return (old_exit = cut->SurvivorExit()).has_value(); }, 10000));
+  if (old_exit) {
+    EXPECT_TRUE(old_exit->exited) << old_exit->ToString();
+  }
+  // The replacement keeps its route: still ready, same process, no further
+  // restart, for longer than the heartbeat timeout.
+  auto until = Deadline::InMs(3000);
+  while (!until.expired()) {
+    auto a = Status().actors;
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(a[0].pid, new_pid);
+    EXPECT_EQ(a[0].restarts, 1);
+    EXPECT_EQ(a[0].state, "ready");
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  {
+    std::lock_guard<std::mutex> l(cut->mu);
+    if (cut->survivor) cut->survivor->Kill();
+  }
 }
 
 TEST_F(HeadTest, ScaleUpAndDownDrainsNewestFirst) {
