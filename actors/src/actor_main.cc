@@ -174,11 +174,12 @@ int main(int argc, char** argv) {
     g_runtime = rt->get();
     if (g_signalled) (*rt)->RequestExit(actors::ExitReason::kSignal);
     Status s = actors::RunRole(args, setup, **rt, **net);
-    if (!s.ok()) {
+    if ((*rt)->exit_reason() == actors::ExitReason::kHeadLost) {
+      rc = 3;  // whatever the role made of it (e.g. registration cut short)
+      if (!s.ok()) logger.warn("{} ended after losing the head: {}", args.role, s.ToString());
+    } else if (!s.ok()) {
       logger.error("{} failed: {}", args.role, s.ToString());
       rc = 1;
-    } else if ((*rt)->exit_reason() == actors::ExitReason::kHeadLost) {
-      rc = 3;
     }
     (*rt)->Flush(Deadline::InMs(2000));
     g_runtime = nullptr;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <spdlog/sinks/base_sink.h>
 
@@ -193,6 +194,8 @@ Status ActorRuntime::SendRegister() {
 
 Status ActorRuntime::Register(Deadline deadline) {
   Deadline limit = deadline.min(Deadline::InMs(options_.register_timeout_ms));
+  // From here on the head's silence counts (it may die before it acknowledges).
+  if (!registering_.exchange(true)) last_head_ms_ = NowMs();
   // Re-send periodically: the head may not be listening yet.
   while (true) {
     Status s = SendRegister();
@@ -415,6 +418,7 @@ void ActorRuntime::Loop() {
   auto poller = network_->NewPoller();
   poller->Add(head_.get());
   auto next_hb = Clock::now();
+  int64_t head_lost_ms = 0;  // when the head was declared lost (0: it is not)
   while (!stop_thread_.load()) {
     bool registered;
     {
@@ -436,13 +440,23 @@ void ActorRuntime::Loop() {
       next_hb = Clock::now() + std::chrono::milliseconds(options_.heartbeat_interval_ms);
     }
     SendQueued();
-    if (registered &&
+    if ((registered || registering_.load()) &&
         NowMs() - last_head_ms_.load() > static_cast<int64_t>(options_.head_grace_ms)) {
       if (!should_exit()) {
         Log().error("the head has been silent for {} ms (grace {} ms): exiting",
                     NowMs() - last_head_ms_.load(), options_.head_grace_ms);
       }
       RequestExit(ExitReason::kHeadLost);
+      if (head_lost_ms == 0) head_lost_ms = NowMs();
+    }
+    // The backstop of "no orphans": a role stuck after the head is gone (e.g.
+    // in a collective whose peers exited) does not keep the process alive.
+    const int64_t hard_ms = std::max<int64_t>(options_.head_grace_ms, 5000);
+    if (head_lost_ms != 0 && NowMs() - head_lost_ms > hard_ms) {
+      Log().error("still running {} ms after losing the head: ending the process now",
+                  NowMs() - head_lost_ms);
+      log::Flush();
+      std::_Exit(3);
     }
   }
 }

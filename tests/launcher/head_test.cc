@@ -302,6 +302,47 @@ TEST_F(HeadTest, UnknownRunAndDeadHeadAreClearErrors) {
       << r.status().message();
 }
 
+// The head dies after an actor sent Register but before it acknowledged
+// (here: a "head" socket that never answers). The actor's head-silence rule
+// covers registration too: it exits with code 3 (head lost) after
+// head_grace_ms, not after register_timeout_ms with a registration error.
+TEST(ActorRuntime, ActorWhoseHeadNeverAnswersRegisterExitsAsHeadLost) {
+  fs::path dir = fs::path(::testing::TempDir()) / ("silent_head." + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.yaml")
+      << "name: silent\nlearner: {count: 0}\nrollout: {count: 0}\nreward: {count: 0}\n"
+      << "echo: {count: 1}\nhead: {head_grace_ms: 1000, register_timeout_ms: 120000}\n";
+  transport::ZmqNetworkOptions no;
+  no.identity.actor_id = "head";
+  auto net = transport::NewZmqNetwork(no);
+  ASSERT_TRUE(net.ok());
+  auto head = (*net)->Bind(transport::SocketKind::kServer, "tcp://127.0.0.1:0");
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  SpawnOptions so;
+  so.argv = {BuildDir() + "/actors/troupe-actor", "--role", "echo", "--id", "echo-0",
+             "--head", (*head)->endpoint(), "--run-dir", dir.string()};
+  so.output_file = (dir / "actor.out").string();
+  auto actor = Subprocess::Spawn(so);
+  ASSERT_TRUE(actor.ok()) << actor.status().ToString();
+  // The Register arrives (and is never answered).
+  bool got_register = false;
+  auto until = Deadline::InMs(30000);
+  while (!got_register && !until.expired()) {
+    auto in = (*head)->Recv(Deadline::InMs(200));
+    got_register = in.ok() && in->message.kind() == transport::MessageKind::REGISTER;
+  }
+  EXPECT_TRUE(got_register);
+  // Well before register_timeout_ms (120 s) the actor must be gone, as head lost.
+  auto e = actor->Wait(Deadline::InMs(60000));
+  ASSERT_TRUE(e.ok()) << "the actor outlived a silent head: " << e.status().ToString();
+  EXPECT_TRUE(e->exited && e->code == 3) << e->ToString();
+  auto out = ReadFile((dir / "actor.out").string());
+  ASSERT_TRUE(out.ok());
+  EXPECT_NE(out->find("the head has been silent"), std::string::npos) << *out;
+  fs::remove_all(dir);
+}
+
 // The CLI end to end: `troupe run` in the background, `logs -f` follows new
 // lines, and SIGKILL of the head makes every actor exit within the grace period.
 TEST(TroupeCli, LogsFollowAndActorsOutliveNoDeadHead) {

@@ -10,7 +10,10 @@
 // logs/<actor>.log), keeps the latest directory (who is where), and turns
 // head commands (stop, drain, checkpoint, shutdown), SIGTERM and a silent head
 // into flags the role's loop polls. An actor whose head has been silent for
-// `head_grace_ms` exits by itself: no orphans.
+// `head_grace_ms` (registered, or registering: the head may die before it
+// acknowledges) exits by itself: no orphans. If the role does not return
+// within another max(head_grace_ms, 5 s) (e.g. blocked in a collective with
+// peers that are gone), the runtime ends the process (exit code 3).
 //
 // Thread model: the runtime owns one thread that talks to the head. All
 // public methods are thread-safe; callbacks (OnDirectory) run on the runtime
@@ -146,6 +149,7 @@ class ActorRuntime {
   std::atomic<bool> stop_thread_{false};
   std::atomic<uint64_t> logs_dropped_{0};
   std::atomic<int64_t> last_head_ms_{0};
+  std::atomic<bool> registering_{false};  // Register() has sent; the head's silence counts
   std::thread thread_;
 };
 
