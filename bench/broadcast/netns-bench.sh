@@ -13,6 +13,8 @@
 # is routed anywhere else. Everything is torn down on exit, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../../scripts/lib/netns.sh
+. scripts/lib/netns.sh
 BENCH="${1:-build/bench/broadcast/broadcast_bench}"
 shift || true
 RATE="${RATE:-1gbit}"
@@ -30,19 +32,10 @@ cleanup() {
 trap cleanup EXIT INT TERM
 cleanup  # leftovers of an interrupted run
 
-ip netns add "$PREFIX-hub"
-ip -n "$PREFIX-hub" link set lo up
-ip -n "$PREFIX-hub" link add br0 type bridge
-ip -n "$PREFIX-hub" link set br0 up
+netns_hub "$PREFIX"
 for h in "${HOSTS[@]}"; do
   ns="$PREFIX-$h"
-  ip netns add "$ns"
-  # Both ends are created directly inside the namespaces: the root namespace is untouched.
-  ip link add "v-$h" netns "$PREFIX-hub" type veth peer name tr0 netns "$ns"
-  ip -n "$PREFIX-hub" link set "v-$h" master br0 up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr add "${ADDR[$h]}/24" dev tr0
-  ip -n "$ns" link set tr0 up
+  netns_host "$PREFIX" "$h" "${ADDR[$h]}" tr0
   # The host's link: RATE out of the host and RATE into it.
   ip netns exec "$ns" tc qdisc add dev tr0 root tbf rate "$RATE" burst 512kb latency 50ms
   ip netns exec "$PREFIX-hub" tc qdisc add dev "v-$h" root tbf rate "$RATE" burst 512kb latency 50ms

@@ -28,6 +28,8 @@
 set -euo pipefail
 
 SELF="$(readlink -f "$0")"
+# shellcheck source=../../scripts/lib/netns.sh
+. "$(dirname "$SELF")/../../scripts/lib/netns.sh"
 SUBNET=10.78.0
 die() { echo "netns-cluster: $*" >&2; exit 1; }
 
@@ -117,18 +119,10 @@ cmd_up() {
   trap 'if [ "$UP_DONE" = 0 ] && [ "${KEEP_ON_FAILURE:-0}" != 1 ]; then
           echo "netns-cluster: setup failed; tearing down" >&2; cmd_down "$DIR"; fi' EXIT
 
-  ip netns add "$TAG-hub"
-  ip -n "$TAG-hub" link set lo up
-  ip -n "$TAG-hub" link add br0 type bridge
-  ip -n "$TAG-hub" link set br0 up
+  netns_hub "$TAG"
   local i=11
   add_host() {  # add_host NAME ADDR
-    ip netns add "$TAG-$1"
-    ip link add "v-$1" netns "$TAG-hub" type veth peer name eth0 netns "$TAG-$1"
-    ip -n "$TAG-hub" link set "v-$1" master br0 up
-    ip -n "$TAG-$1" link set lo up
-    ip -n "$TAG-$1" addr add "$2/24" dev eth0
-    ip -n "$TAG-$1" link set eth0 up
+    netns_host "$TAG" "$1" "$2" eth0
     echo "ADDR_$1=$2" >>"$DIR/cluster.env"
   }
   add_host head "$SUBNET.1"
