@@ -14,12 +14,6 @@
 //
 // Usage: envs_bench [--episodes 32] [--samples 512]
 // Ends with one JSON line.
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -34,8 +28,7 @@
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/reward_client.h"
 #include "troupe/envs/tasks.h"
-
-extern char** environ;
+#include "server_process.h"
 
 namespace {
 
@@ -54,42 +47,6 @@ int64_t SampledTokens(const std::vector<envs::EpisodeOutcome>& out) {
   return n;
 }
 
-// troupe-reward-server as a child; killed in the destructor.
-struct Server {
-  pid_t pid = -1;
-  int port = 0;
-  explicit Server(std::vector<std::string> args) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    posix_spawn_file_actions_t a;
-    posix_spawn_file_actions_init(&a);
-    posix_spawn_file_actions_adddup2(&a, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&a, fds[0]);
-    std::vector<char*> argv;
-    for (auto& x : args) argv.push_back(x.data());
-    argv.push_back(nullptr);
-    if (posix_spawnp(&pid, argv[0], &a, nullptr, argv.data(), environ) != 0) pid = -1;
-    posix_spawn_file_actions_destroy(&a);
-    close(fds[1]);
-    std::string line;
-    for (int i = 0; i < 30 && line.find('\n') == std::string::npos && pid > 0; ++i) {
-      pollfd p{fds[0], POLLIN, 0};
-      if (poll(&p, 1, 1000) <= 0) continue;
-      char buf[64];
-      ssize_t n = read(fds[0], buf, sizeof(buf));
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    close(fds[0]);
-    if (line.rfind("PORT ", 0) == 0) port = std::atoi(line.c_str() + 5);
-  }
-  ~Server() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
 
 }  // namespace
 
@@ -220,20 +177,20 @@ int main(int argc, char** argv) {
     double par = static_cast<double>(n_batch) / Seconds(t);
     return std::make_tuple(seq, par, failed);
   };
-  Server troupe_server(
+  // The same server processes the envs tests start (tests/envs/server_process.h).
+  envs::testing::ServerProcess troupe_server(
       {TROUPE_REWARD_SERVER, "--port", "0", "--task", "reverse", "--threads", "16"});
-  Server slow_server(
+  envs::testing::ServerProcess slow_server(
       {"python3", std::string(TROUPE_ENVS_TEST_DIR) + "/reward_server.py", "--port", "0"});
-  if (troupe_server.port <= 0 || slow_server.port <= 0) {
+  if (!troupe_server.ok() || !slow_server.ok()) {
     std::fprintf(stderr, "a reward server did not start\n");
     return 1;
   }
   auto n = static_cast<size_t>(samples);
   auto [fast_seq, fast_par, fast_failed] =
-      measure("http://127.0.0.1:" + std::to_string(troupe_server.port) + "/verify", n, n);
+      measure(troupe_server.Url("/verify"), n, n);
   auto [slow_seq, slow_par, slow_failed] =
-      measure("http://127.0.0.1:" + std::to_string(slow_server.port) + "/slow/0.02/verify",
-              std::min<size_t>(n, 50), n);
+      measure(slow_server.Url("/slow/0.02/verify"), std::min<size_t>(n, 50), n);
   auto t1 = Clock::now();
   double sum = 0;
   for (int rep = 0; rep < 20; ++rep)
