@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batch_codec.h"
+#include "credit_book.h"
 #include "role_common.h"
 #include "roles.h"
 #include "troupe/broadcast/sender.h"
@@ -114,57 +115,6 @@ class AsyncBroadcaster {
   std::thread thread_;
 };
 
-// Staleness control (DESIGN invariant 3, AReaL's admission rule): the groups
-// granted stay within (max_lag + 1) updates' worth beyond the groups already
-// consumed (trained, or dropped as stale/invalid). Counting consumed data
-// rather than versions keeps the pipeline moving when an update is skipped
-// (all groups uniform) or data is dropped. Grants come in whole messages
-// (groups_per_message groups), so no rollout actor is left holding a partial
-// message it cannot complete. A grant carries the learner's version: the
-// actor starts those groups only with weights at least that new.
-class CreditBook {
- public:
-  CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit)
-      : lag_(max_lag), per_update_(groups_per_update), unit_(unit) {}
-  void Request(const std::string& peer, int64_t groups) {
-    pending_[peer] = std::max<int64_t>(0, groups);
-  }
-  // Groups whose fate the learner decided (trained or dropped).
-  void Consumed(int64_t groups) { consumed_ += groups; }
-  // Grants what capacity allows, one message at a time round robin.
-  std::vector<std::pair<std::string, int64_t>> Grant() {
-    std::vector<std::pair<std::string, int64_t>> out;
-    int64_t cap = (lag_ + 1) * per_update_ + consumed_ - granted_;
-    bool any = true;
-    while (cap >= unit_ && any) {
-      any = false;
-      for (auto& [peer, want] : pending_) {
-        if (cap < unit_) break;
-        if (want < unit_) continue;
-        want -= unit_;
-        cap -= unit_;
-        granted_ += unit_;
-        auto it = std::find_if(out.begin(), out.end(), [&](auto& p) { return p.first == peer; });
-        if (it == out.end())
-          out.emplace_back(peer, unit_);
-        else
-          it->second += unit_;
-        any = true;
-      }
-    }
-    return out;
-  }
-  // A grant that never reached its actor.
-  void Undo(int64_t groups) { granted_ -= groups; }
-  int64_t granted() const { return granted_; }
-  int64_t consumed() const { return consumed_; }
-
- private:
-  int64_t lag_, per_update_, unit_;
-  int64_t granted_ = 0, consumed_ = 0;
-  std::map<std::string, int64_t> pending_;
-};
-
 struct EvalResult {
   double accuracy = 0, reward = 0;
   int64_t prompts = 0;
@@ -181,6 +131,7 @@ class LearnerRole {
  private:
   Status Setup();
   Status WarmStart();
+  void ReclaimDepartedCredits();
   Result<EvalResult> Evaluate();
   Status EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalResult* r);
   Result<std::vector<envs::VerifyResult>> ScoreEval(
@@ -249,6 +200,8 @@ class LearnerRole {
   uint64_t invalid_unreadable_seqs_ = 0;  // their sequences (as the envelope claims)
   uint64_t skipped_updates_ = 0;          // updates with no learning signal (every group uniform)
   uint64_t ack_checkpoints_ = 0;          // early checkpoints taken to release acks
+  std::map<std::string, std::chrono::steady_clock::time_point>
+      absent_since_;  // rollout actors holding grants, missing from the directory since
 };
 
 // The weights file `warm_start.init_from` names: a .safetensors file, a
@@ -524,8 +477,33 @@ Status LearnerRole::WarmStart() {
 
 void LearnerRole::HandleCredit(const std::string& peer, const transport::InMessage& m) {
   auto c = m.envelope().getBody().getCredit();
+  if (int64_t back = credits_->SeenIncarnation(peer, m.incarnation()))
+    Log().info("credits: {} restarted; {} groups granted to its previous process reclaimed", peer,
+               back);
   credits_->Request(peer, c.getRequested());
   SendGrants();
+}
+
+// Grants held by rollout actors that left the job (drained by a scale-down,
+// or gone for good) go back to the pool once the actor has been absent from
+// the head's directory for a few seconds (its last batches had time to land).
+void LearnerRole::ReclaimDepartedCredits() {
+  auto dir = rt_.directory();
+  if (dir.epoch == 0) return;  // no directory yet: nothing is known to be gone
+  const auto now = std::chrono::steady_clock::now();
+  for (const std::string& peer : credits_->PeersWithOutstanding()) {
+    if (dir.Find(peer)) {
+      absent_since_.erase(peer);
+      continue;
+    }
+    auto it = absent_since_.emplace(peer, now).first;
+    if (now - it->second < std::chrono::seconds(3)) continue;
+    int64_t back = credits_->Reclaim(peer);
+    absent_since_.erase(it);
+    Log().info("credits: {} left the job; {} groups granted to it and never delivered reclaimed",
+               peer, back);
+    SendGrants();
+  }
 }
 
 void LearnerRole::SendGrants() {
@@ -537,7 +515,7 @@ void LearnerRole::SendGrants() {
     Status s = data_->SendTo(peer, out, Deadline::InMs(100));
     if (!s.ok()) {
       // The rollout actor is gone or restarting: take the grant back.
-      credits_->Undo(g);
+      credits_->Undo(peer, g);
       Log().debug("credit grant to {} failed: {}", peer, s.ToString());
     }
   }
@@ -585,6 +563,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   for (uint8_t m : batch->loss_mask) received_env_tokens_ += m == 0;  // multi-turn tool tokens
   auto adm = learner_->Offer(std::move(batch).value());
   if (adm.ok()) {
+    credits_->Received(producer, groups);
     held_[id] = Held{std::move(d), false, false, "", groups, sequences, source};
     return;
   }
@@ -594,6 +573,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     receiver_->Ack(d);
     return;
   }
+  credits_->Received(producer, groups);
   credits_->Consumed(groups);
   TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "batch {} from {} dropped: {}", id,
                       producer, s.ToString());
@@ -885,6 +865,7 @@ Status LearnerRole::Run() {
     TROUPE_RETURN_IF_ERROR(CheckpointIfAcksPile());
     if (SecondsSince(last_stats) > 0.5) {
       last_stats = std::chrono::steady_clock::now();
+      ReclaimDepartedCredits();
       auto c = learner_->counters();
       rt_.SetStats({{"version", static_cast<double>(learner_->version())},
                     {"updates", static_cast<double>(RlUpdates())},

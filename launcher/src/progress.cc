@@ -98,10 +98,11 @@ std::vector<std::string> Progress::SummaryLines(const std::map<std::string, doub
         "  warm-start accuracy {:.3f}, best accuracy {:.3f}, final accuracy {:.3f}",
         Get(l, "warm_accuracy", 0), Get(l, "best_accuracy", 0), Get(l, "final_accuracy", 0)));
     double t = Get(l, "time_to_target_s");
-    out.push_back(
-        fmt::format("  time to {:.0f}% held-out accuracy (from end of warm start): {}",
-                    Get(l, "target_accuracy", 0) * 100,
-                    std::isfinite(t) && t >= 0 ? fmt::format("{:.1f} s", t) : "not reached"));
+    if (Get(l, "target_accuracy", 0) > 0)  // stop.target_accuracy 0: no target
+      out.push_back(
+          fmt::format("  time to {:.0f}% held-out accuracy (from end of warm start): {}",
+                      Get(l, "target_accuracy", 0) * 100,
+                      std::isfinite(t) && t >= 0 ? fmt::format("{:.1f} s", t) : "not reached"));
     const auto skipped = static_cast<int64_t>(Get(l, "skipped_updates", 0));
     out.push_back(fmt::format(
         "  steps {}{}, wall {:.1f} s, generated {} tok/s, trained {} tok/s",

@@ -58,6 +58,25 @@ inline std::filesystem::path TestDir(const std::string& name) {
   return d;
 }
 
+// Settings every e2e job shares: short, bounded by updates (never by wall
+// time), frequent checkpoints (so restarts resume recently), quick liveness and
+// restarts; `more` is appended (later keys win).
+inline std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}) {
+  std::vector<std::string> s = {"stop.max_steps=" + std::to_string(max_steps),
+                                "stop.target_accuracy=0",
+                                "stop.max_seconds=0",
+                                "eval.every_steps=10",
+                                "checkpoint.every_steps=10",
+                                "head.heartbeat_interval_ms=200",
+                                "head.heartbeat_timeout_ms=4000",
+                                "head.head_grace_ms=4000",
+                                "rollout.restart_backoff_ms=100",
+                                "reward.restart_backoff_ms=100",
+                                "learner.restart_backoff_ms=100"};
+  s.insert(s.end(), more.begin(), more.end());
+  return s;
+}
+
 // One `troupe run configs/<config>` with --set overrides, in `dir`/runs. The
 // destructor stops it and checks that no actor it saw outlived it.
 class Job {

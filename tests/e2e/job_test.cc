@@ -48,23 +48,7 @@ class Job : public e2e::Job {
       : e2e::Job("tiny_reverse.yaml", sets, e2e::TestDir(name)) {}
 };
 
-// Settings every e2e job shares: short, bounded by updates, frequent
-// checkpoints (so restarts resume recently), quick liveness.
-std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}) {
-  std::vector<std::string> s = {"stop.max_steps=" + std::to_string(max_steps),
-                                "stop.target_accuracy=0",
-                                "stop.max_seconds=0",
-                                "eval.every_steps=10",
-                                "checkpoint.every_steps=10",
-                                "head.heartbeat_interval_ms=200",
-                                "head.heartbeat_timeout_ms=4000",
-                                "head.head_grace_ms=4000",
-                                "rollout.restart_backoff_ms=100",
-                                "reward.restart_backoff_ms=100",
-                                "learner.restart_backoff_ms=100"};
-  s.insert(s.end(), more.begin(), more.end());
-  return s;
-}
+using e2e::Short;
 
 TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
   // ~400 updates: the default config's held-out accuracy climbs from the warm

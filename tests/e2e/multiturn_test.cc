@@ -44,17 +44,7 @@ fs::path TestDir(const std::string& name) {
   return e2e::TestDir("mt." + name);
 }
 
-std::vector<std::string> Short(int max_steps, std::vector<std::string> more = {}) {
-  std::vector<std::string> s = {"stop.max_steps=" + std::to_string(max_steps),
-                                "stop.target_accuracy=0",
-                                "stop.max_seconds=0",
-                                "checkpoint.every_steps=10",
-                                "head.heartbeat_interval_ms=200",
-                                "head.heartbeat_timeout_ms=4000",
-                                "head.head_grace_ms=4000"};
-  s.insert(s.end(), more.begin(), more.end());
-  return s;
-}
+using e2e::Short;
 
 TEST(MultiTurnJob, TrainsOnEpisodesWithToolTokensMasked) {
   fs::path dir = TestDir("file_reverse");

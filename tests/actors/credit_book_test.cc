@@ -1,0 +1,86 @@
+// The learner's credit book: the lag window caps grants; grants a rollout
+// actor will never use (it left, or restarted) come back; nothing else does.
+#include <gtest/gtest.h>
+
+#include "credit_book.h"
+
+namespace troupe::actors {
+namespace {
+
+int64_t Total(const std::vector<std::pair<std::string, int64_t>>& g) {
+  int64_t n = 0;
+  for (const auto& [peer, k] : g) n += k;
+  return n;
+}
+
+TEST(CreditBook, GrantsStayWithinTheLagWindowInWholeMessages) {
+  CreditBook book(/*max_lag=*/2, /*groups_per_update=*/16, /*unit=*/4);
+  book.Request("rollout-0", 100);
+  book.Request("rollout-1", 100);
+  auto g = book.Grant();
+  EXPECT_EQ(Total(g), 48);  // (2 + 1) updates x 16 groups
+  for (const auto& [peer, k] : g) EXPECT_EQ(k % 4, 0) << peer;
+  EXPECT_EQ(Total(book.Grant()), 0);
+  book.Consumed(16);  // one update's worth decided
+  EXPECT_EQ(Total(book.Grant()), 16);
+}
+
+// A drained actor leaves holding grants it never used: without Reclaim the
+// remaining actor gets less than one update's worth and training stalls.
+TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
+  CreditBook book(2, 16, 4);
+  book.Request("rollout-0", 100);
+  book.Request("rollout-1", 100);
+  book.Request("rollout-2", 100);
+  ASSERT_EQ(Total(book.Grant()), 48);
+  // rollout-0 delivers its 16; rollout-1 delivered 4 of its 16 before leaving;
+  // rollout-2 delivered none.
+  book.Received("rollout-0", 16);
+  book.Received("rollout-1", 4);
+  book.Consumed(20);
+  EXPECT_EQ(book.outstanding("rollout-1"), 12);
+  EXPECT_EQ(book.outstanding("rollout-2"), 16);
+  book.Request("rollout-1", 0);
+  book.Request("rollout-2", 0);
+  auto g = book.Grant();
+  EXPECT_EQ(Total(g), 20);  // only what was consumed comes back: 28 groups are stuck
+  EXPECT_EQ(book.Reclaim("rollout-1"), 12);
+  EXPECT_EQ(book.Reclaim("rollout-2"), 16);
+  EXPECT_EQ(book.Reclaim("rollout-2"), 0);  // idempotent
+  g = book.Grant();
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].first, "rollout-0");
+  EXPECT_EQ(Total(g), 28);
+  EXPECT_EQ(book.capacity(), 0);
+}
+
+TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest) {
+  CreditBook book(1, 8, 4);
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
+  book.Request("rollout-0", 8);
+  ASSERT_EQ(Total(book.Grant()), 8);
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);  // same process: nothing
+  EXPECT_EQ(book.capacity(), 8);
+  // SIGKILLed with 8 groups granted and undelivered; the new process asks again.
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xb), 8);
+  book.Request("rollout-0", 16);
+  EXPECT_EQ(Total(book.Grant()), 16);
+  // A late batch of the old process still counts as received and consumed.
+  book.Received("rollout-0", 4);
+  book.Consumed(4);
+  EXPECT_EQ(book.outstanding("rollout-0"), 12);
+  EXPECT_EQ(book.capacity(), 4);
+}
+
+TEST(CreditBook, UndoneGrantsAreNotOutstanding) {
+  CreditBook book(0, 8, 4);
+  book.Request("rollout-0", 8);
+  ASSERT_EQ(Total(book.Grant()), 8);
+  book.Undo("rollout-0", 8);  // never reached the actor
+  EXPECT_EQ(book.outstanding("rollout-0"), 0);
+  EXPECT_EQ(book.capacity(), 8);
+  EXPECT_TRUE(book.PeersWithOutstanding().empty());
+}
+
+}  // namespace
+}  // namespace troupe::actors
