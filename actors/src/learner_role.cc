@@ -174,6 +174,10 @@ class LearnerRole {
     int64_t groups = 0;
     int64_t sequences = 0;
     std::string source;  // "<producer id>/<incarnation hex>" (the batch id's prefix)
+    // Copies of the same batch that arrived while it was undecided (re-routed
+    // by a rollout actor after a reward actor was lost): answered with it, so
+    // no producer counts the batch resolved while the learner still holds it.
+    std::vector<transport::Delivery> copies;
   };
   // Sequences decided (trained or dropped) per producer incarnation, kept in
   // the checkpoint sidecar: the head's accounting for a rollout incarnation
@@ -569,8 +573,13 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   }
   const Status& s = adm.status();
   if (s.code() == Code::kAlreadyExists) {
-    // A redelivery (e.g. re-routed after a reward actor died): the first copy is tracked.
-    receiver_->Ack(d);
+    // A redelivery (e.g. re-routed after a reward actor died): the first copy
+    // is tracked. Undecided: answer both when it is decided; decided: now.
+    auto held = held_.find(id);
+    if (held != held_.end())
+      held->second.copies.push_back(std::move(d));
+    else
+      receiver_->Ack(d);
     return;
   }
   credits_->Received(producer, groups);
@@ -604,10 +613,13 @@ void LearnerRole::ReleaseAcks(bool checkpointed) {
   }
   if (job_.checkpoint.ack == "trained" || checkpointed) {
     for (auto& h : decided_unacked_) {
-      if (h.rejected)
-        receiver_->Reject(h.delivery, h.reason);
-      else
-        receiver_->Ack(h.delivery);
+      h.copies.insert(h.copies.begin(), std::move(h.delivery));
+      for (auto& d : h.copies) {  // every copy gets the decision
+        if (h.rejected)
+          receiver_->Reject(d, h.reason);
+        else
+          receiver_->Ack(d);
+      }
     }
     decided_unacked_.clear();
     receiver_->FlushAcks(Deadline::InMs(200)).IgnoreError();
