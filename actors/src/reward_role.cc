@@ -53,6 +53,10 @@ class RewardRole {
   std::mutex mu_;
   std::map<std::string, transport::Delivery>
       upstream_;  // batch id -> rollout delivery awaiting the learner
+  // Later copies of a batch in upstream_ (re-sent under a new sequence number):
+  // answered with the first, so the rollout actor never counts a batch
+  // resolved while the learner has not decided it.
+  std::map<std::string, std::vector<transport::Delivery>> copies_;
   std::atomic<uint64_t> scored_{0}, forwarded_{0}, invalid_seqs_{0}, acked_{0}, rejected_{0};
   RateMeter rate_;
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
@@ -60,19 +64,24 @@ class RewardRole {
 
 void RewardRole::OnOutcome(const transport::DeliveryOutcome& o) {
   std::string id = o.message.reader().getBody().getScoredBatch().getRollout().getBatchId();
-  transport::Delivery up;
+  std::vector<transport::Delivery> ups;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = upstream_.find(id);
     if (it == upstream_.end()) return;
-    up = std::move(it->second);
+    ups.push_back(std::move(it->second));
     upstream_.erase(it);
+    auto c = copies_.find(id);
+    if (c != copies_.end()) {
+      for (auto& d : c->second) ups.push_back(std::move(d));
+      copies_.erase(c);
+    }
   }
   if (o.accepted) {
-    receiver_->Ack(up);
+    for (auto& up : ups) receiver_->Ack(up);
     acked_.fetch_add(1);
   } else {
-    receiver_->Reject(up, "learner: " + o.reason);
+    for (auto& up : ups) receiver_->Reject(up, "learner: " + o.reason);
     rejected_.fetch_add(1);
   }
 }
@@ -135,8 +144,9 @@ void RewardRole::Handle(transport::Delivery d) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (upstream_.count(batch_id)) {
-      // The same batch again under a new sequence number (re-routed): ack when the first copy is.
-      receiver_->Ack(d);
+      // The same batch again under a new sequence number (re-routed): answered
+      // when the learner answers the first copy.
+      copies_[batch_id].push_back(d);
       return;
     }
     upstream_[batch_id] = d;
@@ -156,6 +166,7 @@ void RewardRole::Handle(transport::Delivery d) {
   }
   std::lock_guard<std::mutex> l(mu_);
   upstream_.erase(batch_id);  // not forwarded: the rollout actor keeps it and re-sends it
+  copies_.erase(batch_id);
 }
 
 void RewardRole::UpdateStats() {
