@@ -113,7 +113,6 @@ class CreditBook {
   }
   int64_t capacity() const { return (lag_ + 1) * per_update_ + consumed_ - granted_; }
   int64_t granted() const { return granted_; }
-  int64_t consumed() const { return consumed_; }
 
  private:
   int64_t lag_, per_update_, unit_;

@@ -32,6 +32,7 @@
 #include "troupe/engine/safetensors.h"
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/scorer.h"
+#include "troupe/trainer/checkpoint.h"
 #include "troupe/trainer/learner.h"
 #include "troupe/transport/reliable.h"
 
@@ -209,20 +210,18 @@ class LearnerRole {
 };
 
 // The weights file `warm_start.init_from` names: a .safetensors file, a
-// directory holding model.safetensors, a checkpoints folder or a run folder
-// (then the checkpoint its `latest` names).
+// directory holding model.safetensors (a checkpoint), a checkpoints root or a
+// run folder (then the checkpoint its `latest` names: trainer::ResolveCheckpoint).
 Result<std::string> ResolveInitWeights(const std::string& from) {
   std::error_code ec;
   fs::path p(from);
   if (!fs::exists(p, ec)) return NotFound("warm_start.init_from: '{}' does not exist", from);
   if (!fs::is_directory(p, ec)) return p.string();
-  if (fs::exists(p / "model.safetensors", ec)) return (p / "model.safetensors").string();
   for (fs::path root : {p, p / "checkpoints"}) {
-    std::ifstream in(root / "latest");
-    std::string name;
-    if (in && std::getline(in, name) && !name.empty() &&
-        fs::exists(root / name / "model.safetensors", ec))
-      return (root / name / "model.safetensors").string();
+    if (fs::exists(root / "model.safetensors", ec)) return (root / "model.safetensors").string();
+    auto ckpt = trainer::ResolveCheckpoint(root.string());
+    if (ckpt.ok() && fs::exists(fs::path(*ckpt) / "model.safetensors", ec))
+      return (fs::path(*ckpt) / "model.safetensors").string();
   }
   return NotFound(
       "warm_start.init_from: '{}' holds no model.safetensors, and no checkpoints/latest naming "
@@ -245,8 +244,11 @@ Status LearnerRole::Setup() {
     Log().info("policy starts from {}", job_.warm_start.init_from);
   std::shared_ptr<engine::LlamaModel> reference;
   if (job_.trainer.kl_coef > 0) {
-    // The frozen reference of the KL penalty: the policy after the warm start.
-    TROUPE_ASSIGN_OR_RETURN(reference, InitialPolicy(job_));
+    // The frozen reference of the KL penalty: the policy after the warm start
+    // (WarmStart() snapshots it, also when only init_from is set), or the
+    // checkpoint's reference on a resume; the seeded init is a placeholder.
+    TROUPE_ASSIGN_OR_RETURN(
+        reference, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
   }
   TROUPE_ASSIGN_OR_RETURN(learner_, trainer::Learner::Create(job_.trainer, policy_, reference));
   engine::EngineConfig ec;

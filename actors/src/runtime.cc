@@ -440,7 +440,8 @@ void ActorRuntime::Loop() {
       next_hb = Clock::now() + std::chrono::milliseconds(options_.heartbeat_interval_ms);
     }
     SendQueued();
-    if ((registered || registering_.load()) &&
+    // Registering implies the head's silence counts (registered implies registering).
+    if (registering_.load() &&
         NowMs() - last_head_ms_.load() > static_cast<int64_t>(options_.head_grace_ms)) {
       if (!should_exit()) {
         Log().error("the head has been silent for {} ms (grace {} ms): exiting",

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "../common/eventually.h"
 #include <nlohmann/json.hpp>
 
 #include "troupe/launcher/control_client.h"
@@ -34,16 +36,7 @@ inline std::string SourceDir() {
   return s ? s : ".";
 }
 
-// Polls `pred` until true or the deadline (other processes give us nothing to wait on).
-template <typename Pred>
-bool Eventually(Pred pred, int timeout_ms) {
-  auto d = Deadline::InMs(timeout_ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return pred();
-}
+using troupe::testing::Eventually;
 
 inline bool Alive(int pid) {
   return pid > 0 && ::kill(pid, 0) == 0;

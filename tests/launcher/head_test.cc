@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../common/eventually.h"
+
 #include "troupe/core/log.h"
 #include "troupe/launcher/control_client.h"
 #include "troupe/launcher/head.h"
@@ -30,16 +32,9 @@ std::string BuildDir() {
   return b ? b : "build";
 }
 
-// Polls `pred` until true or the deadline (the processes under test give us
-// nothing to wait on but their answers).
 template <typename Pred>
 bool Eventually(Pred pred, int timeout_ms = 20000) {
-  auto d = Deadline::InMs(timeout_ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return pred();
+  return troupe::testing::Eventually(pred, timeout_ms, 50);
 }
 
 bool Alive(int pid) {

@@ -30,6 +30,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include "../common/eventually.h"
 #include <nlohmann/json.hpp>
 
 #include "troupe/core/log.h"
@@ -100,15 +102,10 @@ Cmd RunCmd(const std::vector<std::string>& argv, int timeout_ms = 60000,
   return c;
 }
 
+// The daemons and processes under test answer slowly: poll every 200 ms.
 template <typename Pred>
 bool Eventually(Pred pred, int timeout_ms) {
-  auto d = Deadline::InMs(timeout_ms);
-  while (!d.expired()) {
-    if (pred()) return true;
-    // The daemons and processes under test give us nothing to wait on but their answers.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return pred();
+  return troupe::testing::Eventually(pred, timeout_ms, 200);
 }
 
 std::string Slurp(const std::string& path) {
