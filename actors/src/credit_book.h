@@ -16,7 +16,8 @@
 // and not yet received, and Reclaim() gives them back. Groups of a reclaimed
 // grant that arrive after all are consumed like any other: capacity then runs
 // ahead by at most that actor's in-flight groups, and the lag gate still drops
-// anything too stale.
+// anything too stale. A draining actor does not wait for that: it returns the
+// grants it will not start as soon as it stops starting groups (Return()).
 //
 // Not thread-safe: the learner's loop owns it.
 #pragma once
@@ -75,6 +76,17 @@ class CreditBook {
     granted_ -= groups;
     auto it = outstanding_.find(peer);
     if (it != outstanding_.end()) it->second = std::max<int64_t>(0, it->second - groups);
+  }
+  // `peer` (draining) will never start `groups` of its grants: they go back to
+  // the pool at once, and its request is forgotten. What it already started is
+  // still expected (and reclaimed if it leaves without delivering it).
+  void Return(const std::string& peer, int64_t groups) {
+    pending_.erase(peer);
+    auto it = outstanding_.find(peer);
+    if (it == outstanding_.end()) return;
+    int64_t n = std::min(std::max<int64_t>(0, groups), it->second);
+    it->second -= n;
+    granted_ -= n;
   }
   // Gives back what `peer` was granted and never delivered, and forgets its
   // request. Returns the groups reclaimed.

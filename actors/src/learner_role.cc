@@ -486,7 +486,13 @@ void LearnerRole::HandleCredit(const std::string& peer, const transport::InMessa
   if (int64_t back = credits_->SeenIncarnation(peer, m.incarnation()))
     Log().info("credits: {} restarted; {} groups granted to its previous process reclaimed", peer,
                back);
-  credits_->Request(peer, c.getRequested());
+  if (c.getReturned() > 0) {
+    credits_->Return(peer, c.getReturned());
+    Log().info("credits: {} is draining; {} groups granted to it and not started returned", peer,
+               c.getReturned());
+  } else {
+    credits_->Request(peer, c.getRequested());
+  }
   SendGrants();
 }
 

@@ -123,6 +123,7 @@ class RolloutRole {
   // Episode counters of every driver together ("episodes.submitted", ...).
   std::vector<std::pair<std::string, double>> EpisodeStats() const;
   void Drain();
+  void ReturnCredits();
   void OnOutcome(const transport::DeliveryOutcome& o);
 
   ActorRuntime& rt_;
@@ -641,6 +642,7 @@ void RolloutRole::Drain() {
   }
   CollectFinished();
   SendReady(true).IgnoreError();
+  ReturnCredits();  // grants it will not start: the other actors go on meanwhile
   // 2. Deliver: wait for acknowledgements, or until nothing moves for a while
   //    once the learner is gone (at job end nobody will acknowledge more).
   uint64_t last = outcomes_.load();
@@ -652,11 +654,26 @@ void RolloutRole::Drain() {
       last = outcomes_.load();
       quiet_since = std::chrono::steady_clock::now();
     }
+    PollCredits(Deadline::Now());  // a grant that crossed the return goes back too
+    ReturnCredits();
     bool learner_gone = rt_.directory().Live("learner").empty();
     if (learner_gone && SecondsSince(quiet_since) > 0.5) break;
     std::this_thread::sleep_for(
         std::chrono::milliseconds(10));  // outcomes arrive on the sender thread
   }
+}
+
+void RolloutRole::ReturnCredits() {
+  if (!credit_sock_ || credits_ <= 0) return;
+  transport::OutMessage m;
+  m.envelope().getBody().initCredit().setReturned(static_cast<uint32_t>(credits_));
+  Status s = credit_sock_->Send(m, Deadline::InMs(50));
+  if (!s.ok()) {  // the learner reclaims them once this actor has left the directory
+    Log().debug("returning {} credits: {}", credits_, s.ToString());
+    return;
+  }
+  Log().info("returned {} granted groups it will not start", credits_);
+  credits_ = 0;
 }
 
 Status RolloutRole::Run() {

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accounting.h"
 #include "progress.h"
 #include "troupe/core/log.h"
 #include "troupe/transport/message.h"
@@ -229,9 +230,10 @@ class Head::Impl {
   JobSummary summary_;
   bool finished_ = false;
   int stop_requests_seen_offset_ = 0;
-  std::vector<std::map<std::string, double>> retired_reports_;  // final reports of removed actors
-  std::vector<std::pair<std::string, std::map<std::string, double>>>
-      retired_dead_reports_;  // dead incarnations of removed actors
+  // Every incarnation of removed actors (scaled down): for the accounting.
+  std::vector<IncarnationReport> retired_reports_;
+  // An actor's incarnations: the dead ones and the current (or last) one.
+  void CollectReports(const Record& r, std::vector<IncarnationReport>* out) const;
 };
 
 // ------------------------------------------------------------------ supervision
@@ -401,9 +403,7 @@ void Head::Impl::Tick() {
     if (!r.proc && r.remove_on_exit) forget.push_back(id);
   }
   for (auto& id : forget) {
-    Record& r = actors_[id];
-    if (!r.final_report.empty()) retired_reports_.push_back(r.final_report);
-    for (auto& d : r.dead_reports) retired_dead_reports_.push_back(d);
+    CollectReports(actors_[id], &retired_reports_);
     actors_.erase(id);
     directory_dirty_ = true;
   }
@@ -830,44 +830,25 @@ Status Head::Impl::Run() {
   return Status::Ok();
 }
 
+void Head::Impl::CollectReports(const Record& r, std::vector<IncarnationReport>* out) const {
+  for (const auto& [source, d] : r.dead_reports)
+    out->push_back({source, d, IncarnationReport::Kind::kDead});
+  if (r.incarnation == 0) return;  // never registered, or its death is recorded above
+  const std::string source = fmt::format("{}/{:x}", r.id, r.incarnation);
+  if (!r.final_report.empty())
+    out->push_back({source, r.final_report, IncarnationReport::Kind::kFinal});
+  else if (!r.stats.empty())  // alive, or ended without its final report
+    // A producer that ended without one may have sent more than its last
+    // stats say; the learner's and reward actor's counters are cumulative.
+    out->push_back({source, r.stats,
+                    r.alive() || !r.stats.count("generated") ? IncarnationReport::Kind::kFinal
+                                                             : IncarnationReport::Kind::kDead});
+}
+
 void Head::Impl::WriteSummary() {
-  // Accounting (DESIGN invariant 4), in sequences:
-  //   generated = trained + dropped_stale + dropped_invalid + in_flight (+ lost_with_actor)
-  std::map<std::string, double> acc;
-  auto add = [&](const std::map<std::string, double>& rep) {
-    for (const char* k : {"generated", "in_flight", "trained", "dropped_stale", "dropped_invalid",
-                          "lost_with_actor"}) {
-      auto it = rep.find(k);
-      if (it != rep.end()) acc[k] += it->second;
-    }
-  };
-  // The learner's view of each producer incarnation: sequences it decided
-  // (trained or dropped) and holds undecided.
-  std::map<std::string, double> learner_view;
-  for (auto& [id, r] : actors_) {
-    if (r.role != "learner") continue;
-    for (const auto& [k, v] : r.final_report.empty() ? r.stats : r.final_report)
-      if (k.rfind("decided:", 0) == 0 || k.rfind("held:", 0) == 0) learner_view[k] += v;
-  }
-  // An incarnation that died: its last report may predate batches it sent
-  // (they were trained, or sit with the learner). It generated at least what
-  // it reported and at least what reached the learner; of that, what the
-  // learner never got is lost with it, what the learner holds is in flight.
-  auto add_dead = [&](const std::string& source, const std::map<std::string, double>& d) {
-    auto gen = d.find("generated");
-    if (gen == d.end()) return;  // not a producer (a learner's numbers are restored, not summed)
-    double decided = learner_view["decided:" + source], held = learner_view["held:" + source];
-    double generated = std::max(gen->second, decided + held);
-    acc["generated"] += generated;
-    acc["in_flight"] += held;
-    acc["lost_with_actor"] += generated - decided - held;
-  };
-  for (auto& [id, r] : actors_) {
-    add(r.final_report.empty() ? r.stats : r.final_report);
-    for (auto& [source, d] : r.dead_reports) add_dead(source, d);
-  }
-  for (auto& rep : retired_reports_) add(rep);
-  for (auto& [source, d] : retired_dead_reports_) add_dead(source, d);
+  std::vector<IncarnationReport> reports = retired_reports_;
+  for (const auto& [id, r] : actors_) CollectReports(r, &reports);
+  const std::map<std::string, double> acc = SumAccounting(reports);
   std::lock_guard<std::mutex> g(summary_mu_);
   summary_.accounting = acc;
   nlohmann::json j;

@@ -54,6 +54,31 @@ TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
   EXPECT_EQ(book.capacity(), 0);
 }
 
+// A draining actor returns the grants it will not start while it still
+// delivers (and stays in the directory): the others go on at once instead of
+// waiting for it to leave (scale-down stalled training for the whole drain).
+TEST(CreditBook, ADrainingActorsReturnedGrantsGoToTheOthersAtOnce) {
+  CreditBook book(2, 16, 4);
+  book.Request("rollout-0", 100);
+  book.Request("rollout-1", 100);
+  book.Request("rollout-2", 100);
+  ASSERT_EQ(Total(book.Grant()), 48);  // 16 each
+  // rollout-1 started 4 of its 16 groups and drains: 12 come back now.
+  book.Return("rollout-1", 12);
+  EXPECT_EQ(book.outstanding("rollout-1"), 4);  // the 4 it started are still expected
+  auto g = book.Grant();
+  EXPECT_EQ(Total(g), 12);
+  for (const auto& [peer, k] : g) EXPECT_NE(peer, "rollout-1") << "a draining actor got grants";
+  // More than it holds (a grant crossed its return) never goes negative.
+  const int64_t held = book.outstanding("rollout-2");
+  book.Return("rollout-2", 100);
+  EXPECT_EQ(book.outstanding("rollout-2"), 0);
+  EXPECT_EQ(book.granted(), 48 - held);
+  // Its started groups arrive and are consumed as usual.
+  book.Received("rollout-1", 4);
+  EXPECT_EQ(book.outstanding("rollout-1"), 0);
+}
+
 TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest) {
   CreditBook book(1, 8, 4);
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);

@@ -260,6 +260,20 @@ TEST(EndToEnd, ScaleRolloutUpAndDownWhileRunning) {
   auto e = job.Wait(120000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
   ExpectAccountingHolds(job);
+  // The drained actors had every batch answered before they left: they gave
+  // back the grants they would not start, so the remaining actor kept the
+  // learner training (and checkpointing, which acknowledges) meanwhile. Held
+  // grants stalled training until the drain timed out, and the actors left
+  // with batches unanswered.
+  int drained = 0;
+  for (const auto& m : job.Metrics("final")) {
+    std::string actor = m.value("actor", "");
+    if (actor != "rollout-1" && actor != "rollout-2") continue;
+    ++drained;
+    EXPECT_EQ(m.value("in_flight", -1.0), 0) << actor << " left with unanswered batches\n"
+                                             << m.dump() << "\n" << job.Output();
+  }
+  EXPECT_EQ(drained, 2) << job.Output();
 }
 
 }  // namespace

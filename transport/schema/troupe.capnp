@@ -345,5 +345,7 @@ struct Credit {
   granted @1 :UInt32;          # learner -> rollout: groups it may start now
   learnerVersion @2 :UInt64;   # learner -> rollout: the learner's version
   outstanding @3 :UInt32;      # rollout -> learner: groups granted but not yet sent
+  returned @4 :UInt32;         # rollout -> learner: granted groups it will never start
+                               # (it is draining); the learner grants them to others
 }
 
