@@ -1,6 +1,9 @@
 // The reference actor. Every role follows the same five steps.
 #include "troupe/actors/echo.h"
 
+#include <chrono>
+#include <thread>
+
 #include "troupe/core/log.h"
 #include "troupe/transport/message.h"
 
@@ -62,6 +65,10 @@ Status RunEcho(ActorRuntime& runtime, transport::Network& network, const EchoOpt
       "final", 0, 0,
       {{"echoed", static_cast<double>(echoed)}, {"bad_input", static_cast<double>(bad)}});
   log.info("echo exiting ({}), echoed {} messages", ExitReasonName(runtime.exit_reason()), echoed);
+  if (options.ignore_exit) {  // fault injection: stuck for good
+    log.warn("fault injection (echo.stuck_actor): not returning");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   return Status::Ok();
 }
 

@@ -209,31 +209,12 @@ class LearnerRole {
       absent_since_;  // rollout actors holding grants, missing from the directory since
 };
 
-// The weights file `warm_start.init_from` names: a .safetensors file, a
-// directory holding model.safetensors (a checkpoint), a checkpoints root or a
-// run folder (then the checkpoint its `latest` names: trainer::ResolveCheckpoint).
-Result<std::string> ResolveInitWeights(const std::string& from) {
-  std::error_code ec;
-  fs::path p(from);
-  if (!fs::exists(p, ec)) return NotFound("warm_start.init_from: '{}' does not exist", from);
-  if (!fs::is_directory(p, ec)) return p.string();
-  for (fs::path root : {p, p / "checkpoints"}) {
-    if (fs::exists(root / "model.safetensors", ec)) return (root / "model.safetensors").string();
-    auto ckpt = trainer::ResolveCheckpoint(root.string());
-    if (ckpt.ok() && fs::exists(fs::path(*ckpt) / "model.safetensors", ec))
-      return (fs::path(*ckpt) / "model.safetensors").string();
-  }
-  return NotFound(
-      "warm_start.init_from: '{}' holds no model.safetensors, and no checkpoints/latest naming "
-      "one",
-      from);
-}
-
 Result<std::shared_ptr<engine::LlamaModel>> InitialPolicy(const launcher::JobConfig& job) {
   if (job.warm_start.init_from.empty())
     return engine::LlamaModel::Create(job.model, DeriveSeed(job.seed, "policy-init"));
-  TROUPE_ASSIGN_OR_RETURN(std::string path, ResolveInitWeights(job.warm_start.init_from));
-  auto m = engine::LoadModel(path, job.model);
+  auto path = trainer::ResolveWeightsFile(job.warm_start.init_from);
+  if (!path.ok()) return path.status().WithContext("warm_start.init_from");
+  auto m = engine::LoadModel(*path, job.model);
   if (!m.ok()) return m.status().WithContext("warm_start.init_from");
   return m;
 }

@@ -43,6 +43,10 @@ Status RunRole(const RoleArgs& args, const RoleSetup& setup, ActorRuntime& runti
   if (args.role == "echo") {
     EchoOptions o;
     o.bind_host = setup.bind_host;
+    if (setup.config) {
+      auto job = std::static_pointer_cast<launcher::JobConfig>(setup.config);
+      o.ignore_exit = job->echo_settings.stuck_actor == runtime.options().actor_id;
+    }
     return RunEcho(runtime, network, o);
   }
   auto job = std::static_pointer_cast<launcher::JobConfig>(setup.config);

@@ -108,9 +108,7 @@ def bench_overhead(a):
     job_rate = fin[0]["gen_tokens"] / max(fin[0]["gen_active_s"], 1e-9)
     seconds = max(5.0, fin[0]["gen_active_s"])
     # The peer generates with the job's final weights (same response lengths).
-    ckpts = os.path.join(runs, "latest", "checkpoints")
-    with open(os.path.join(ckpts, "latest")) as f:  # holds the newest checkpoint's name
-        weights = os.path.join(ckpts, f.read().strip(), "model.safetensors")
+    weights = os.path.join(runs, "latest")  # the run folder: its latest checkpoint
     out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
                           "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []),
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,

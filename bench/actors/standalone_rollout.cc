@@ -7,7 +7,9 @@
 // in flight through Engine::Submit, and counts sampled tokens per second for
 // a fixed number of seconds. Ends with one JSON line.
 //
-// --weights PATH loads a model.safetensors (e.g. the job's last checkpoint):
+// --weights PATH loads the policy from a .safetensors file, a checkpoint, a
+// checkpoints root or a run folder (its latest checkpoint), as
+// warm_start.init_from does:
 // a trained policy stops earlier than a random one, which changes the prefill
 // share of every generated token, so the peer must generate with the same
 // weights as the job it is compared with.
@@ -31,6 +33,7 @@
 #include "troupe/envs/sampler.h"
 #include "troupe/envs/tasks.h"
 #include "troupe/launcher/job_config.h"
+#include "troupe/trainer/checkpoint.h"
 
 using namespace troupe;
 
@@ -74,7 +77,12 @@ int main(int argc, char** argv) {
   ec.fused_cpu_kernels = job->engine.fused_cpu_kernels;
   std::shared_ptr<engine::LlamaModel> model;
   if (!weights.empty()) {
-    auto m = engine::LoadModel(weights, ec.model);
+    auto file = trainer::ResolveWeightsFile(weights);
+    if (!file.ok()) {
+      std::cerr << "--weights: " << file.status().ToString() << "\n";
+      return 2;
+    }
+    auto m = engine::LoadModel(*file, ec.model);
     if (!m.ok()) {
       std::cerr << m.status().ToString() << "\n";
       return 1;

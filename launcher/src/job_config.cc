@@ -284,6 +284,11 @@ void Describe(Binder& b, RewardSettings& c) {
           "scored batches held before the actor stops taking new ones");
   b.Field("score_timeout_ms", &c.score_timeout_ms, "upper bound for scoring one batch");
 }
+void Describe(Binder& b, EchoSettings& c) {
+  b.Field("stuck_actor", &c.stuck_actor,
+          "fault injection: this echo actor ignores requests to exit (tests the runtime's "
+          "backstop)");
+}
 
 // A role section: process settings and role settings side by side.
 template <typename Settings>
@@ -315,7 +320,7 @@ void Describe(Binder& b, JobConfig& c) {
   RoleSection<NoSettings> learner{&c.learner, &none};
   RoleSection<RolloutSettings> rollout{&c.rollout, &c.rollout_settings};
   RoleSection<RewardSettings> reward{&c.reward, &c.reward_settings};
-  RoleSection<NoSettings> echo{&c.echo, &none};
+  RoleSection<EchoSettings> echo{&c.echo, &c.echo_settings};
   b.Section("learner", &learner, "the learner process (exactly one)");
   b.Section("rollout", &rollout, "rollout actors: generate groups with the policy");
   b.Section("reward", &reward, "reward actors: score rollouts");

@@ -339,15 +339,17 @@ TEST(ActorRuntime, ActorWhoseHeadNeverAnswersRegisterExitsAsHeadLost) {
 }
 
 // The CLI end to end: `troupe run` in the background, `logs -f` follows new
-// lines, and SIGKILL of the head makes every actor exit within the grace period.
+// lines, and SIGKILL of the head makes every actor exit within the grace period
+// — echo-1 too, whose role never returns (echo.stuck_actor): the runtime's
+// backstop ends it (DESIGN invariant 6, "no orphans").
 TEST(TroupeCli, LogsFollowAndActorsOutliveNoDeadHead) {
   fs::path dir = fs::path(::testing::TempDir()) / ("cli_test." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   {
     std::ofstream cfg(dir / "echo.yaml");
-    cfg << "name: cli\nlearner: {count: 0}\nrollout: {count: 0}\nreward: {count: 0}\necho: {count: "
-           "1}\n"
+    cfg << "name: cli\nlearner: {count: 0}\nrollout: {count: 0}\nreward: {count: 0}\n"
+        << "echo: {count: 1, stuck_actor: echo-1}\n"
         << "head: {heartbeat_interval_ms: 100, heartbeat_timeout_ms: 1000, head_grace_ms: 1500}\n";
   }
   std::string troupe = BuildDir() + "/launcher/troupe";
@@ -391,10 +393,15 @@ TEST(TroupeCli, LogsFollowAndActorsOutliveNoDeadHead) {
   ASSERT_EQ(::kill(head->pid(), SIGKILL), 0);
   ASSERT_TRUE(head->Wait(Deadline::InMs(5000)).ok());
   for (int pid : pids) {
-    EXPECT_TRUE(Eventually([&] { return !Alive(pid); }, 10000))
+    EXPECT_TRUE(Eventually([&] { return !Alive(pid); }, 30000))
         << "actor " << pid << " outlived its head";
     if (Alive(pid)) ::kill(pid, SIGKILL);
   }
+  // Logs reach the head's files through the head; with it gone, stderr (.out) has them.
+  auto stuck = ReadFile(run->logs() + "/echo-1.out");
+  ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
+  EXPECT_NE(stuck->find("after losing the head: ending the process now"), std::string::npos)
+      << *stuck;
   fs::remove_all(dir);
 }
 

@@ -169,6 +169,21 @@ TEST(Checkpoint, KeepsNewestAndLatestPointsAtIt) {
   ASSERT_TRUE(again.ok());
   EXPECT_NE(*again, last);
   EXPECT_EQ(ResolveCheckpoint(dir.path()).value(), *again);
+  // The weights file (warm_start.init_from, standalone_rollout --weights)
+  // from the file itself, the checkpoint, the checkpoints root or the run
+  // folder above it; anything else is NotFound naming the path.
+  const std::string file = (fs::path(*again) / "model.safetensors").string();
+  EXPECT_EQ(ResolveWeightsFile(file).value(), file);
+  EXPECT_EQ(ResolveWeightsFile(*again).value(), file);
+  EXPECT_EQ(ResolveWeightsFile(dir.path()).value(), file);
+  TempDir run;
+  fs::create_directory_symlink(dir.path(), fs::path(run.path()) / "checkpoints");
+  EXPECT_EQ(fs::canonical(ResolveWeightsFile(run.path()).value()), fs::canonical(file));
+  auto missing = ResolveWeightsFile(run.path() + "/nope");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("nope"), std::string::npos);
+  TempDir empty;
+  EXPECT_EQ(ResolveWeightsFile(empty.path()).status().code(), Code::kNotFound);
 }
 
 TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreClearErrors) {

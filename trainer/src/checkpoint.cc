@@ -185,4 +185,18 @@ Result<std::string> ResolveCheckpoint(const std::string& path) {
   return dir.string();
 }
 
+Result<std::string> ResolveWeightsFile(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) return NotFound("'{}' does not exist", path);
+  if (!fs::is_directory(p, ec)) return p.string();
+  for (const fs::path& root : {p, p / "checkpoints"}) {
+    if (fs::exists(root / "model.safetensors", ec)) return (root / "model.safetensors").string();
+    auto ckpt = ResolveCheckpoint(root.string());
+    if (ckpt.ok() && fs::exists(fs::path(*ckpt) / "model.safetensors", ec))
+      return (fs::path(*ckpt) / "model.safetensors").string();
+  }
+  return NotFound("'{}' holds no model.safetensors, and no checkpoints/latest naming one", path);
+}
+
 }  // namespace troupe::trainer

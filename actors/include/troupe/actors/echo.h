@@ -14,6 +14,9 @@ namespace troupe::actors {
 
 struct EchoOptions {
   std::string bind_host = "127.0.0.1";  // address the echo socket binds and advertises
+  // Fault injection (echo.stuck_actor): after the runtime asks it to exit, the
+  // role never returns, as one stuck in a collective would.
+  bool ignore_exit = false;
 };
 
 // Runs the echo role until the runtime asks to exit. Returns the exit status.

@@ -49,6 +49,14 @@ struct RewardSettings {
   uint32_t score_timeout_ms = 30000;  // upper bound for scoring one batch (external services)
 };
 
+// Echo actors' own settings (a test fixture).
+struct EchoSettings {
+  // Fault injection (tests): the echo actor with this id ignores every request
+  // to exit, as a role stuck in a collective would; only the runtime's
+  // backstop (after the head is lost) ends it.
+  std::string stuck_actor;
+};
+
 // The character tokenizer of built-in tasks.
 struct TokenizerSpec {
   std::string kind = "char";  // char (the only built-in kind)
@@ -122,6 +130,7 @@ struct JobConfig {
   RoleProcess echo{0};     // echo reference actors (tests and demos)
   RolloutSettings rollout_settings;  // rollout.* role settings
   RewardSettings reward_settings;    // reward.* role settings
+  EchoSettings echo_settings;        // echo.* role settings
 
   // The policy. vocab_size starts at 0 (the tokenizer's size) so a config that
   // does not name it is valid with any alphabet.

@@ -67,6 +67,11 @@ class CheckpointWriter {
 // no complete checkpoint yet.
 Result<std::string> ResolveCheckpoint(const std::string& path);
 
+// The policy weights file `path` names: a .safetensors file, a directory
+// holding model.safetensors (a checkpoint), a checkpoints root or a run
+// folder (then the checkpoint its `latest` names). NotFound names the path.
+Result<std::string> ResolveWeightsFile(const std::string& path);
+
 // Writes `contents` to `path` atomically (path.tmp, fsync, rename, fsync dir).
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
 // Reads a whole file; the error names the path.
