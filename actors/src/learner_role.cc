@@ -175,11 +175,22 @@ class LearnerRole {
     int64_t groups = 0;
     int64_t sequences = 0;
     std::string source;  // "<producer id>/<incarnation hex>" (the batch id's prefix)
-    // Copies of the same batch that arrived while it was undecided (re-routed
+    // Copies of the same batch that arrived before it was answered (re-routed
     // by a rollout actor after a reward actor was lost): answered with it, so
-    // no producer counts the batch resolved while the learner still holds it.
+    // no producer counts the batch resolved before the learner's decision is
+    // final (decided, and with ack = checkpoint, covered by a checkpoint).
     std::vector<transport::Delivery> copies;
+    std::string id;  // batch id ("" when unreadable)
   };
+  // The first copy of batch `id` if it is not answered yet (undecided, or
+  // decided and waiting for its checkpoint); null otherwise.
+  Held* Unanswered(const std::string& id) {
+    auto it = held_.find(id);
+    if (it != held_.end()) return &it->second;
+    for (Held& h : decided_unacked_)
+      if (h.id == id) return &h;
+    return nullptr;
+  }
   // Sequences decided (trained or dropped) per producer incarnation, kept in
   // the checkpoint sidecar: the head's accounting for a rollout incarnation
   // that died uses them instead of its last (possibly older) report.
@@ -188,7 +199,7 @@ class LearnerRole {
     if (!h.source.empty()) decided_by_source_[h.source] += h.sequences;
   }
   std::map<std::string, Held> held_;
-  std::vector<Held> decided_unacked_;  // rejections waiting for a checkpoint
+  std::vector<Held> decided_unacked_;  // decided, waiting for a checkpoint (or the next ack)
 
   uint64_t rl_start_version_ = 0;
   double warm_accuracy_ = -1, best_accuracy_ = -1, last_accuracy_ = -1, time_to_target_ = -1;
@@ -557,16 +568,15 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   auto adm = learner_->Offer(std::move(batch).value());
   if (adm.ok()) {
     credits_->Received(producer, groups);
-    held_[id] = Held{std::move(d), false, false, "", groups, sequences, source};
+    held_[id] = Held{std::move(d), false, false, "", groups, sequences, source, {}, id};
     return;
   }
   const Status& s = adm.status();
   if (s.code() == Code::kAlreadyExists) {
-    // A redelivery (e.g. re-routed after a reward actor died): the first copy
-    // is tracked. Undecided: answer both when it is decided; decided: now.
-    auto held = held_.find(id);
-    if (held != held_.end())
-      held->second.copies.push_back(std::move(d));
+    // A redelivery (e.g. re-routed after a reward actor died): answered with
+    // the first copy when that is answered; now if it was already.
+    if (Held* first = Unanswered(id))
+      first->copies.push_back(std::move(d));
     else
       receiver_->Ack(d);
     return;
@@ -575,7 +585,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   credits_->Consumed(groups);
   TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "batch {} from {} dropped: {}", id,
                       producer, s.ToString());
-  Held h{std::move(d), true, true, s.ToString(), groups, sequences, source};
+  Held h{std::move(d), true, true, s.ToString(), groups, sequences, source, {}, id};
   Decided(h);
   if (job_.checkpoint.ack == "checkpoint")
     decided_unacked_.push_back(std::move(h));
@@ -877,6 +887,7 @@ Status LearnerRole::Run() {
                     {"credits_granted", static_cast<double>(credits_->granted())},
                     {"skipped_updates", static_cast<double>(skipped_updates_)},
                     {"ack_checkpoints", static_cast<double>(ack_checkpoints_)},
+                    {"duplicates", static_cast<double>(c.duplicate_batches)},
                     {"broadcast_failures", static_cast<double>(broadcaster_->failures())}});
       if (job_.stop.max_seconds > 0 &&
           rl_elapsed_before_ + SecondsSince(rl_t0_) >= job_.stop.max_seconds) {

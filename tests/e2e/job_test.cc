@@ -133,6 +133,63 @@ TEST(EndToEnd, KilledRolloutAndRewardActorsAreReplacedAndNothingIsLost) {
   EXPECT_LE(a.value("lost_with_actor", 0.0), a.value("generated", 0.0) * 0.2) << a.dump();
 }
 
+// A batch is answered only once the learner's decision is final (DESIGN
+// invariant 4; ack = checkpoint: decided and covered by a checkpoint) — also
+// for its copies. Killing the reward actor a rollout actor sends through makes
+// the rollout re-send everything unanswered through the other one; copies of
+// batches the learner already decided reach it before any checkpoint. Acking
+// such a copy at once (as the learner did) told the rollout actor the batch was
+// resolved although a learner crash before the checkpoint would lose it.
+// A slowed rollout actor and a high ack threshold keep checkpoints away for
+// the whole test: nothing may be answered before the job stops.
+TEST(EndToEnd, CopiesOfDecidedBatchesWaitForTheCheckpointLikeTheFirst) {
+  Job job(Short(100000, {"rollout.count=1", "reward.count=2", "rollout.slow_actor=rollout-0",
+                         "rollout.slow_ms_per_group=100", "checkpoint.ack=checkpoint",
+                         "checkpoint.every_steps=100000", "checkpoint.max_unacked_batches=200"}),
+          "redeliver");
+  auto resolved = [](const ControlResult& st) {
+    for (auto& a : st.actors)
+      if (a.id == "rollout-0" && a.stats.count("resolved")) return a.stats.at("resolved");
+    return -1.0;
+  };
+  double seen = -1;
+  ASSERT_TRUE(job.WaitStatus(
+      [&](const ControlResult& st) {
+        seen = resolved(st);
+        return st.progress.count("step") && st.progress.at("step") >= 2;
+      },
+      300000))
+      << job.Output();
+  EXPECT_EQ(seen, 0) << "answered before any checkpoint\n" << job.Output();
+  auto run = job.run();
+  ASSERT_TRUE(run.ok());
+  auto log = ReadFile(run->log_file("rollout-0"));
+  ASSERT_TRUE(log.ok());
+  auto at = log->find("reward peer reward-");
+  ASSERT_NE(at, std::string::npos) << *log;
+  const std::string peer = log->substr(at + 12, 8);  // "reward-N"
+  int pid = job.PidOf(peer);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  // The copies reach the learner...
+  ASSERT_TRUE(job.WaitStatus(
+      [](const ControlResult& st) {
+        for (auto& a : st.actors)
+          if (a.id == "learner-0" && a.stats.count("duplicates") && a.stats.at("duplicates") > 0)
+            return true;
+        return false;
+      },
+      120000))
+      << "no copy reached the learner\n" << job.Output();
+  // ... and none is answered (the first copies are not: no checkpoint yet).
+  EXPECT_FALSE(job.WaitStatus([&](const ControlResult& st) { return resolved(st) > 0; }, 5000))
+      << "a copy was answered before its checkpoint\n" << job.Output();
+  ASSERT_TRUE(SendControl(*run, "stop", Deadline::InMs(5000)).ok());
+  auto e = job.Wait(120000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+}
+
 TEST(EndToEnd, KilledLearnerRestartsFromItsCheckpoint) {
   Job job(Short(80), "kill_learner");
   ASSERT_TRUE(job.WaitStatus(
