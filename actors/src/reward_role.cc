@@ -116,6 +116,15 @@ void RewardRole::Handle(transport::Delivery d) {
     if (d.sequenced()) receiver_->Reject(d, items.status().ToString());
     return;
   }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (upstream_.count(batch_id)) {
+      // The same batch again under a new sequence number (re-routed): not
+      // scored twice; answered when the learner answers the first copy.
+      copies_[batch_id].push_back(d);
+      return;
+    }
+  }
   std::vector<envs::ScoreRequest> reqs;
   reqs.reserve(items->size());
   for (auto& it : *items) {
@@ -142,13 +151,7 @@ void RewardRole::Handle(transport::Delivery d) {
   scored_.fetch_add(n);
   rate_.Add(n);
   {
-    std::lock_guard<std::mutex> l(mu_);
-    if (upstream_.count(batch_id)) {
-      // The same batch again under a new sequence number (re-routed): answered
-      // when the learner answers the first copy.
-      copies_[batch_id].push_back(d);
-      return;
-    }
+    std::lock_guard<std::mutex> l(mu_);  // Handle runs on one thread: no copy came meanwhile
     upstream_[batch_id] = d;
   }
   // Blocks while the outbox is full: backpressure reaches the rollout actors.
