@@ -6,7 +6,8 @@
      plain single-process PyTorch GRPO loop (bench/reference/grpo_reverse.py) with
      the same task, model, batch shape and learning recipe.
   2. asynchrony: wall time to the same held-out accuracy with max_policy_lag 0
-     vs 2 (target: >= 1.5x faster with lag).
+     vs 2, median of --async-repeats runs each (target: >= 1.5x faster with
+     lag); also updates to the target and updates per second.
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
      (bench/actors/standalone_rollout), in the same run (target: >= 0.9); the
@@ -86,15 +87,41 @@ def bench_default(a):
     return res
 
 
+def steps_to(recs, target):
+    for r in recs:
+        if r.get("kind") == "eval" and r.get("eval_accuracy", 0) >= target:
+            return r.get("step")
+    return None
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
 def bench_async(a):
+    """Lag 0 vs 2, alternating, a.async_repeats times each: RL runs to a target
+    vary with their sampling path, so the medians are compared. Updates to the
+    target (sample efficiency) and updates per second (throughput) separate
+    what asynchrony costs from what it buys."""
     target = a.async_target
     common = ["stop.target_accuracy=%g" % target, "stop.max_seconds=%d" % a.async_seconds]
-    r0, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=0"], a.timeout)
-    r2, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=2"], a.timeout)
-    t0, t2 = time_to(r0, target), time_to(r2, target)
-    res = {"async_target": target, "lag0_time_s": t0, "lag2_time_s": t2}
-    if t0 and t2:
-        res["async_speedup"] = t0 / t2
+    runs = {0: [], 2: []}
+    for _ in range(a.async_repeats):
+        for lag in (0, 2):
+            recs, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=%d" % lag], a.timeout)
+            t, n = time_to(recs, target), steps_to(recs, target)
+            runs[lag].append({"s": t, "updates": n, "updates_per_s": (n / t) if t and n else None})
+    res = {"async_target": target, "async_repeats": a.async_repeats,
+           "lag0_runs": runs[0], "lag2_runs": runs[2]}
+    for lag in (0, 2):
+        res["lag%d_time_s" % lag] = median([r["s"] for r in runs[lag]])
+        res["lag%d_updates" % lag] = median([r["updates"] for r in runs[lag]])
+        res["lag%d_updates_per_s" % lag] = median([r["updates_per_s"] for r in runs[lag]])
+    if res["lag0_time_s"] and res["lag2_time_s"]:
+        res["async_speedup"] = res["lag0_time_s"] / res["lag2_time_s"]
+    if res["lag0_updates_per_s"] and res["lag2_updates_per_s"]:
+        res["async_throughput_ratio"] = res["lag2_updates_per_s"] / res["lag0_updates_per_s"]
     return res
 
 
@@ -131,6 +158,7 @@ def main():
     ap.add_argument("--reference-seconds", type=int, default=300)
     ap.add_argument("--async-target", type=float, default=0.8)
     ap.add_argument("--async-seconds", type=int, default=240)
+    ap.add_argument("--async-repeats", type=int, default=3)
     ap.add_argument("--overhead-steps", type=int, default=300)
     a = ap.parse_args()
     res = {"bench": "job"}
