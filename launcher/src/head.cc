@@ -283,9 +283,13 @@ void Head::Impl::Launch(Record& r) {
 }
 
 void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
-  if (r.incarnation != 0 && !r.stats.empty())
-    r.dead_reports.emplace_back(fmt::format("{}/{:x}", r.id, r.incarnation), r.stats);
+  // Its last word: the final report if it sent one before it ended, else its
+  // last stats. The next incarnation starts with neither.
+  const auto& last = r.final_report.empty() ? r.stats : r.final_report;
+  if (r.incarnation != 0 && !last.empty())
+    r.dead_reports.emplace_back(fmt::format("{}/{:x}", r.id, r.incarnation), last);
   r.stats.clear();
+  r.final_report.clear();
   r.incarnation = 0;
   if (shutting_down_ || r.remove_on_exit) return;
   auto it = o_.roles.find(r.role);
