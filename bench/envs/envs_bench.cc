@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
                     {}});
   driver.Run({reqs[0]}, Deadline::InMs(600000));  // warm-up
   // Best of 3 alternating rounds of each (the machine is shared).
-  double conc_s = 1e30, seq_s = 1e30, step_ms = 0;
+  double conc_s = 1e30, seq_s = 1e30, step_ms = 0, prefill_per_sampled = 0;
   int64_t conc_tokens = 0, seq_tokens = 0;
   Clock::time_point t0;
   for (int round = 0; round < 3; ++round) {
@@ -105,6 +105,11 @@ int main(int argc, char** argv) {
       step_ms =
           1000.0 * s /
           static_cast<double>(std::max<uint64_t>(1, after.decode_steps - before.decode_steps));
+      // Every turn re-prefills the whole context (prompt, earlier turns, tool
+      // output): what that costs next to the tokens the model samples.
+      prefill_per_sampled =
+          static_cast<double>(after.prefill_tokens - before.prefill_tokens) /
+          static_cast<double>(std::max<uint64_t>(1, after.generated_tokens - before.generated_tokens));
     }
     t0 = Clock::now();
     int64_t tokens = 0;
@@ -119,6 +124,7 @@ int main(int argc, char** argv) {
   out["episode_tokens_per_s_concurrent"] = conc_tokens / conc_s;
   out["episode_tokens_per_s_sequential"] = seq_tokens / seq_s;
   out["episode_concurrency_speedup"] = (conc_tokens / conc_s) / (seq_tokens / seq_s);
+  out["episode_prefill_tokens_per_sampled_token"] = prefill_per_sampled;
   std::printf("episodes: %d concurrent %.0f tok/s (%.2f s), one at a time %.0f tok/s (%.2f s)\n",
               episodes, conc_tokens / conc_s, conc_s, seq_tokens / seq_s, seq_s);
 
