@@ -51,9 +51,11 @@ class Job : public e2e::Job {
 using e2e::Short;
 
 TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
-  // ~400 updates: the default config's held-out accuracy climbs from the warm
-  // start's ~0.45 to ~0.65 by then (it reaches 0.95 after ~1000).
-  Job job(Short(400, {"eval.every_steps=20"}), "learns");
+  // The default config's held-out accuracy climbs from the warm start's ~0.45
+  // to 0.6 in ~300-400 updates (0.95 after ~1300). RL runs differ: one CI run
+  // dipped to 0.32 by update 40 and was back at only 0.50 by update 400, so the
+  // job runs to 0.6 with room to recover instead of for a fixed count.
+  Job job(Short(1500, {"eval.every_steps=20", "stop.target_accuracy=0.6"}), "learns");
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
   // Learning: the held-out reward rises above the warm start.
@@ -64,8 +66,9 @@ TEST(EndToEnd, ShortJobLearnsWithinTheLagAndAccountsForEverything) {
   double start = warm[0].value("eval_accuracy", 0.0);
   double best = 0;
   for (auto& ev : evals) best = std::max(best, ev.value("eval_accuracy", 0.0));
-  EXPECT_GT(best, start + 0.08) << "held-out accuracy did not rise: warm start " << start
-                                << ", best " << best;
+  EXPECT_GE(best, 0.6) << "held-out accuracy did not reach 0.6 in 1500 updates: warm start "
+                       << start << ", best " << best;
+  EXPECT_LT(start, 0.55) << "the warm start alone was already close to the target";
   // Every trained batch was within max_policy_lag.
   auto trains = job.Metrics("train");
   ASSERT_FALSE(trains.empty());
