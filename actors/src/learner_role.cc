@@ -168,20 +168,37 @@ class LearnerRole {
 
   // Deliveries waiting for their acknowledgement, by batch id.
   struct Held {
-    transport::Delivery delivery;
+    std::string id;      // batch id ("" when unreadable)
+    std::string source;  // "<producer id>/<incarnation hex>" (the batch id's prefix)
+    int64_t groups = 0;
+    int64_t sequences = 0;
     bool decided = false;  // trained or dropped
     bool rejected = false;
     std::string reason;
-    int64_t groups = 0;
-    int64_t sequences = 0;
-    std::string source;  // "<producer id>/<incarnation hex>" (the batch id's prefix)
-    // Copies of the same batch that arrived before it was answered (re-routed
-    // by a rollout actor after a reward actor was lost): answered with it, so
-    // no producer counts the batch resolved before the learner's decision is
-    // final (decided, and with ack = checkpoint, covered by a checkpoint).
-    std::vector<transport::Delivery> copies;
-    std::string id;  // batch id ("" when unreadable)
+    // The batch's delivery, then copies of it that arrived before it was
+    // answered (re-routed by a rollout actor after a reward actor was lost):
+    // all get the one answer, so no producer counts the batch resolved before
+    // the learner's decision is final (decided, and with ack = checkpoint,
+    // covered by a checkpoint).
+    std::vector<transport::Delivery> deliveries;
   };
+  // Answers every delivery of `h` with its decision.
+  void Answer(const Held& h) {
+    for (const auto& d : h.deliveries) {
+      if (h.rejected)
+        receiver_->Reject(d, h.reason);
+      else
+        receiver_->Ack(d);
+    }
+  }
+  // A batch decided on arrival (dropped): answered now, or with the next
+  // checkpoint (ack = checkpoint).
+  void Settle(Held h) {
+    if (job_.checkpoint.ack == "checkpoint")
+      decided_unacked_.push_back(std::move(h));
+    else
+      Answer(h);
+  }
   // The first copy of batch `id` if it is not answered yet (undecided, or
   // decided and waiting for its checkpoint); null otherwise.
   Held* Unanswered(const std::string& id) {
@@ -553,11 +570,11 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     invalid_unreadable_++;
     invalid_unreadable_seqs_ +=
         m.envelope().getBody().getScoredBatch().getRollout().getNumSequences();
-    Held h{std::move(d), true, true, batch.status().ToString(), 0};
-    if (job_.checkpoint.ack == "checkpoint")
-      decided_unacked_.push_back(std::move(h));
-    else
-      receiver_->Reject(h.delivery, h.reason);
+    Held h;
+    h.decided = h.rejected = true;
+    h.reason = batch.status().ToString();
+    h.deliveries.push_back(std::move(d));
+    Settle(std::move(h));
     return;
   }
   std::string id = batch->batch_id;
@@ -566,9 +583,11 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   received_response_tokens_ += batch->num_response_tokens();
   for (uint8_t m : batch->loss_mask) received_env_tokens_ += m == 0;  // multi-turn tool tokens
   auto adm = learner_->Offer(std::move(batch).value());
+  Held h{id, source, groups, sequences};
   if (adm.ok()) {
     credits_->Received(producer, groups);
-    held_[id] = Held{std::move(d), false, false, "", groups, sequences, source, {}, id};
+    h.deliveries.push_back(std::move(d));
+    held_[id] = std::move(h);
     return;
   }
   const Status& s = adm.status();
@@ -576,7 +595,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     // A redelivery (e.g. re-routed after a reward actor died): answered with
     // the first copy when that is answered; now if it was already.
     if (Held* first = Unanswered(id))
-      first->copies.push_back(std::move(d));
+      first->deliveries.push_back(std::move(d));
     else
       receiver_->Ack(d);
     return;
@@ -585,12 +604,11 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   credits_->Consumed(groups);
   TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "batch {} from {} dropped: {}", id,
                       producer, s.ToString());
-  Held h{std::move(d), true, true, s.ToString(), groups, sequences, source, {}, id};
+  h.decided = h.rejected = true;
+  h.reason = s.ToString();
+  h.deliveries.push_back(std::move(d));
   Decided(h);
-  if (job_.checkpoint.ack == "checkpoint")
-    decided_unacked_.push_back(std::move(h));
-  else
-    receiver_->Reject(h.delivery, h.reason);
+  Settle(std::move(h));
   SendGrants();
 }
 
@@ -611,15 +629,7 @@ void LearnerRole::ReleaseAcks(bool checkpointed) {
     decided_unacked_.push_back(std::move(h));
   }
   if (job_.checkpoint.ack == "trained" || checkpointed) {
-    for (auto& h : decided_unacked_) {
-      h.copies.insert(h.copies.begin(), std::move(h.delivery));
-      for (auto& d : h.copies) {  // every copy gets the decision
-        if (h.rejected)
-          receiver_->Reject(d, h.reason);
-        else
-          receiver_->Ack(d);
-      }
-    }
+    for (const auto& h : decided_unacked_) Answer(h);
     decided_unacked_.clear();
     receiver_->FlushAcks(Deadline::InMs(200)).IgnoreError();
   }

@@ -51,12 +51,11 @@ class RewardRole {
   uint64_t seen_epoch_ = 0;
 
   std::mutex mu_;
-  std::map<std::string, transport::Delivery>
-      upstream_;  // batch id -> rollout delivery awaiting the learner
-  // Later copies of a batch in upstream_ (re-sent under a new sequence number):
-  // answered with the first, so the rollout actor never counts a batch
-  // resolved while the learner has not decided it.
-  std::map<std::string, std::vector<transport::Delivery>> copies_;
+  // Batch id -> the rollout deliveries awaiting the learner: the first, then
+  // copies re-sent under new sequence numbers. All get the learner's one
+  // answer, so the rollout actor never counts a batch resolved before the
+  // learner decided it.
+  std::map<std::string, std::vector<transport::Delivery>> upstream_;
   std::atomic<uint64_t> scored_{0}, forwarded_{0}, invalid_seqs_{0}, acked_{0}, rejected_{0};
   RateMeter rate_;
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
@@ -69,13 +68,8 @@ void RewardRole::OnOutcome(const transport::DeliveryOutcome& o) {
     std::lock_guard<std::mutex> l(mu_);
     auto it = upstream_.find(id);
     if (it == upstream_.end()) return;
-    ups.push_back(std::move(it->second));
+    ups = std::move(it->second);
     upstream_.erase(it);
-    auto c = copies_.find(id);
-    if (c != copies_.end()) {
-      for (auto& d : c->second) ups.push_back(std::move(d));
-      copies_.erase(c);
-    }
   }
   if (o.accepted) {
     for (auto& up : ups) receiver_->Ack(up);
@@ -118,10 +112,11 @@ void RewardRole::Handle(transport::Delivery d) {
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (upstream_.count(batch_id)) {
+    auto it = upstream_.find(batch_id);
+    if (it != upstream_.end()) {
       // The same batch again under a new sequence number (re-routed): not
       // scored twice; answered when the learner answers the first copy.
-      copies_[batch_id].push_back(d);
+      it->second.push_back(std::move(d));
       return;
     }
   }
@@ -152,7 +147,7 @@ void RewardRole::Handle(transport::Delivery d) {
   rate_.Add(n);
   {
     std::lock_guard<std::mutex> l(mu_);  // Handle runs on one thread: no copy came meanwhile
-    upstream_[batch_id] = d;
+    upstream_[batch_id].push_back(std::move(d));
   }
   // Blocks while the outbox is full: backpressure reaches the rollout actors.
   while (!rt_.should_exit()) {
@@ -169,7 +164,6 @@ void RewardRole::Handle(transport::Delivery d) {
   }
   std::lock_guard<std::mutex> l(mu_);
   upstream_.erase(batch_id);  // not forwarded: the rollout actor keeps it and re-sends it
-  copies_.erase(batch_id);
 }
 
 void RewardRole::UpdateStats() {

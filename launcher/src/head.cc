@@ -106,12 +106,15 @@ struct Record {
   bool given_up = false;
   std::unique_ptr<std::ofstream> log;          // logs/<id>.log
   std::map<std::string, double> final_report;  // the actor's "final" metrics
-  // Last stats of incarnations that died, with their source key
+  // Last word (final report, else last stats) of incarnations that ended and
+  // were restarted, with their source key
   // ("<id>/<incarnation hex>", the prefix of the batch ids they produced).
   std::vector<std::pair<std::string, std::map<std::string, double>>> dead_reports;
 
   bool alive() const { return proc != nullptr; }
   bool registered() const { return incarnation != 0; }
+  // The registered incarnation's source key (see dead_reports).
+  std::string source() const { return fmt::format("{}/{:x}", id, incarnation); }
 };
 
 }  // namespace
@@ -287,7 +290,7 @@ void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
   // last stats. The next incarnation starts with neither.
   const auto& last = r.final_report.empty() ? r.stats : r.final_report;
   if (r.incarnation != 0 && !last.empty())
-    r.dead_reports.emplace_back(fmt::format("{}/{:x}", r.id, r.incarnation), last);
+    r.dead_reports.emplace_back(r.source(), last);
   r.stats.clear();
   r.final_report.clear();
   r.incarnation = 0;
@@ -838,13 +841,12 @@ void Head::Impl::CollectReports(const Record& r, std::vector<IncarnationReport>*
   for (const auto& [source, d] : r.dead_reports)
     out->push_back({source, d, IncarnationReport::Kind::kDead});
   if (r.incarnation == 0) return;  // never registered, or its death is recorded above
-  const std::string source = fmt::format("{}/{:x}", r.id, r.incarnation);
   if (!r.final_report.empty())
-    out->push_back({source, r.final_report, IncarnationReport::Kind::kFinal});
+    out->push_back({r.source(), r.final_report, IncarnationReport::Kind::kFinal});
   else if (!r.stats.empty())  // alive, or ended without its final report
     // A producer that ended without one may have sent more than its last
     // stats say; the learner's and reward actor's counters are cumulative.
-    out->push_back({source, r.stats,
+    out->push_back({r.source(), r.stats,
                     r.alive() || !r.stats.count("generated") ? IncarnationReport::Kind::kFinal
                                                              : IncarnationReport::Kind::kDead});
 }
