@@ -1,5 +1,7 @@
 #include "batch_codec.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 
 namespace troupe::actors {
@@ -49,6 +51,9 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<Sequenc
   b.setBatchId(info.batch_id);
   b.setPolicyVersion(info.policy_version);
   b.setProducer(info.producer);
+  b.setProducerIncarnation(info.producer_incarnation);
+  b.setGrantLearner(info.grant_learner);
+  b.setGrantedGroups(info.granted_groups);
   b.setNumSequences(static_cast<uint32_t>(seqs.size()));
   b.setGroupSize(info.group_size);
   b.setGenerateTimeNs(info.generate_time_ns);
@@ -134,6 +139,9 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   r.setBatchId(in.getBatchId());
   r.setPolicyVersion(in.getPolicyVersion());
   r.setProducer(in.getProducer());
+  r.setProducerIncarnation(in.getProducerIncarnation());
+  r.setGrantLearner(in.getGrantLearner());
+  r.setGrantedGroups(in.getGrantedGroups());
   r.setNumSequences(in.getNumSequences());
   r.setGroupSize(in.getGroupSize());
   r.setGenerateTimeNs(in.getGenerateTimeNs());
@@ -179,7 +187,11 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   return Status::Ok();
 }
 
-Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std::string* producer) {
+std::string BatchOrigin::Source() const {
+  return fmt::format("{}/{:x}", producer, incarnation);
+}
+
+Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin) {
   if (msg.kind() != transport::MessageKind::SCORED_BATCH) {
     return ProtocolError("expected a scoredBatch, got {}", transport::KindName(msg.kind()));
   }
@@ -188,7 +200,10 @@ Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std:
   trainer::TrainBatch t;
   t.batch_id = r.getBatchId();
   if (t.batch_id.empty()) return InvalidArgument("scored batch without a batch id");
-  *producer = r.getProducer();
+  origin->producer = r.getProducer();
+  origin->incarnation = r.getProducerIncarnation();
+  origin->grant_learner = r.getGrantLearner();
+  origin->granted_groups = r.getGrantedGroups();
   t.policy_version = r.getPolicyVersion();
   t.group_size = r.getGroupSize();
   int64_t n = r.getNumSequences();

@@ -181,6 +181,8 @@ void RewardRole::UpdateStats() {
                                      {"awaiting_learner", static_cast<double>(waiting)},
                                      {"outbox", static_cast<double>(st.queued + st.in_flight)}};
   for (const auto& [k, v] : scorer_->StatsForMetrics()) s[k] = v;
+  const auto received = receiver_->stats();
+  AddDeliveryStats(&received, &st, &s);
   rt_.SetStats(s);
 }
 

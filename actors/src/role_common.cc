@@ -47,4 +47,25 @@ double RateMeter::Update() {
   return rate_;
 }
 
+void AddDeliveryStats(const transport::ReliableReceiverStats* received,
+                      const transport::ReliableSenderStats* sent,
+                      std::map<std::string, double>* stats) {
+  auto& s = *stats;
+  if (received) {
+    s["receiver.delivered"] = static_cast<double>(received->delivered);
+    s["receiver.duplicates"] = static_cast<double>(received->duplicates);
+    s["receiver.out_of_order"] = static_cast<double>(received->out_of_order);
+    s["receiver.reorder_overflow"] = static_cast<double>(received->reorder_overflow);
+    s["receiver.rejected"] = static_cast<double>(received->rejected);
+  }
+  if (sent) {
+    s["sender.outbox"] = static_cast<double>(sent->queued + sent->in_flight);
+    s["sender.outbox_bytes"] = static_cast<double>(sent->outbox_bytes);
+    s["sender.retransmits"] = static_cast<double>(sent->retransmits);
+    s["sender.rerouted"] = static_cast<double>(sent->rerouted);
+    s["sender.send_blocked"] = static_cast<double>(sent->send_blocked);
+    s["sender.rejected"] = static_cast<double>(sent->rejected);
+  }
+}
+
 }  // namespace troupe::actors

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "troupe/envs/task.h"
 #include "troupe/envs/tasks.h"
 #include "troupe/launcher/job_config.h"
+#include "troupe/transport/reliable.h"
 
 namespace troupe::actors {
 
@@ -54,5 +56,11 @@ class RateMeter {
   double pending_ = 0, rate_ = 0;
   bool first_ = true;
 };
+
+// Delivery figures for heartbeats (`troupe status --stats`): the receiver's
+// dedupes and deliveries ("receiver.*") and the sender's outbox ("sender.*").
+void AddDeliveryStats(const transport::ReliableReceiverStats* received,
+                      const transport::ReliableSenderStats* sent,
+                      std::map<std::string, double>* stats);
 
 }  // namespace troupe::actors

@@ -78,6 +78,7 @@ struct GroupInfo {
   const envs::Task* task = nullptr;
   envs::Prompt prompt;
   std::string prompt_text;
+  uint64_t grant_learner = 0;  // learner process whose credit started it
 };
 
 // A finished group, converted to wire records (group_index is set at sending).
@@ -88,6 +89,7 @@ struct FinishedGroup {
   int64_t tokens = 0;           // sampled (model) tokens
   int64_t env_tokens = 0;       // environment (tool) tokens, multi-turn only
   std::string failure;          // not empty: the group could not be generated (not sent)
+  uint64_t grant_learner = 0;   // learner process whose credit started it
   std::chrono::steady_clock::time_point release{};  // fault injection: not sent before this
 };
 
@@ -145,6 +147,7 @@ class RolloutRole {
   uint64_t credit_version_ = 0;  // weights must be at least this new to start granted groups
   std::optional<std::chrono::steady_clock::time_point> last_request_;
   uint64_t learner_version_ = 0;
+  uint64_t grant_learner_ = 0;  // incarnation of the learner process our credits_ come from
   uint64_t next_serial_ = 0;
   std::optional<envs::PromptStream> prompts_;  // this incarnation's own weighted task mix
   std::map<uint64_t, GroupInfo> in_flight_;
@@ -155,6 +158,9 @@ class RolloutRole {
 
   // Accounting (sequences).
   std::atomic<uint64_t> generated_{0}, resolved_{0}, rejected_{0};
+  // Rejected by a reward actor itself (unscorable), not by the learner: the
+  // learner's ledger never saw them, so this actor's count is their record.
+  std::atomic<uint64_t> rejected_by_reward_{0};
   uint64_t rejected_groups_ = 0;
   int64_t gen_tokens_ = 0;      // sampled tokens of finished groups
   int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups
@@ -207,6 +213,8 @@ void RolloutRole::OnOutcome(const transport::DeliveryOutcome& o) {
   resolved_.fetch_add(n);
   if (!o.accepted) {
     rejected_.fetch_add(n);
+    // The reward actor relays the learner's rejections as "learner: <reason>".
+    if (o.reason.rfind("learner: ", 0) != 0) rejected_by_reward_.fetch_add(n);
     TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "batch rejected by {}: {}", o.peer,
                         o.reason);
   }
@@ -296,6 +304,7 @@ void RolloutRole::PollCredits(Deadline deadline) {
     if (in->message.kind() != transport::MessageKind::CREDIT) continue;
     auto c = in->message.envelope().getBody().getCredit();
     credits_ += c.getGranted();
+    grant_learner_ = in->message.incarnation();
     learner_version_ = c.getLearnerVersion();
     credit_version_ = std::max(credit_version_, learner_version_);
     last_request_.reset();
@@ -332,6 +341,7 @@ Status RolloutRole::SubmitGroups() {
     g.task = tp.task;
     g.prompt = std::move(tp.prompt);
     g.prompt_text = ctx_.renderer->PromptText(g.prompt.messages);
+    g.grant_learner = grant_learner_;
     if (g.task->multi_turn()) {
       if (episode_workers_.empty()) StartEpisodeWorkers();
       EpisodeGroup eg{serial, g.task, g.prompt,
@@ -514,6 +524,7 @@ void RolloutRole::CollectFinished() {
     auto it = in_flight_.find(g.serial);
     TROUPE_CHECK(it != in_flight_.end());
     const GroupInfo& meta = it->second;
+    g.grant_learner = meta.grant_learner;
     if (!g.failure.empty()) {
       TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 2000, "group {} ({}) not generated: {}",
                           g.serial, meta.prompt.id, g.failure);
@@ -562,6 +573,8 @@ Status RolloutRole::SendReady(bool flush_all) {
     std::vector<SequenceRecord> seqs;
     RolloutBatchInfo info;
     info.producer = id_;
+    info.producer_incarnation = incarnation_;
+    info.grant_learner = grant_learner_;
     info.group_size = job_.batch.samples_per_prompt;
     info.batch_id = fmt::format("{}/{:x}/{}", id_, incarnation_, batches_sent_);
     info.policy_version = UINT64_MAX;
@@ -569,6 +582,7 @@ Status RolloutRole::SendReady(bool flush_all) {
     for (size_t gi = 0; gi < take; ++gi) {
       auto& g = ready_[gi];
       info.policy_version = std::min(info.policy_version, g.policy_version);
+      if (g.grant_learner == grant_learner_) ++info.granted_groups;
       for (const auto& r : g.seqs) {
         seqs.push_back(r);  // copied: a failed send keeps the group for a retry
         seqs.back().group_index = static_cast<uint32_t>(gi);
@@ -619,12 +633,14 @@ void RolloutRole::UpdateStats() {
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
       {"rejected", static_cast<double>(rejected_.load())},
+      {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
       {"credits", static_cast<double>(credits_)},
       {"groups_generating", static_cast<double>(in_flight_.size() - ready_.size())},
       {"outbox", static_cast<double>(st.queued + st.in_flight)},
       {"retransmits", static_cast<double>(st.retransmits)},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) stats[k] = v;
+  AddDeliveryStats(nullptr, &st, &stats);
   rt_.SetStats(stats);
   rt_.SetPolicyVersion(engine_->version());
 }
@@ -711,12 +727,14 @@ Status RolloutRole::Run() {
       {"gen_cpu_s", active_cpu_s},
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
+      {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) final_metrics[k] = v;
   rt_.SendMetrics("final", 0, engine_->version(), final_metrics);
   rt_.SetStats({{"generated", static_cast<double>(gen)},
                 {"resolved", static_cast<double>(res)},
-                {"in_flight", static_cast<double>(gen - res)}});
+                {"in_flight", static_cast<double>(gen - res)},
+                {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())}});
   Log().info("exiting ({}): generated {} sequences, {} resolved, {} in flight",
              ExitReasonName(rt_.exit_reason()), gen, res, gen - res);
   if (receiver_) receiver_->Leave(Deadline::InMs(2000)).IgnoreError();

@@ -327,6 +327,14 @@ void ActorRuntime::SendHeartbeat() {
   hb.setPolicyVersion(policy_version_.load());
   MutexLock l(mu_);
   stats_["log_lines_dropped"] = static_cast<double>(logs_dropped_.load());
+  // What every socket of this process sent, received and refused (garbage,
+  // oversized or wrong-schema messages, CURVE handshakes without the job's
+  // keys): operators see rejected input in `troupe status --stats`. Reasons
+  // that never happened are left out.
+  for (const auto& [k, v] : network_->counters().ToStats()) {
+    if (v == 0 && k.rfind("transport.rejected.", 0) == 0) continue;
+    stats_[k] = static_cast<double>(v);
+  }
   auto list = hb.initStats(static_cast<unsigned>(stats_.size()));
   unsigned i = 0;
   for (auto& [k, v] : stats_) {

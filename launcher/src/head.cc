@@ -839,30 +839,34 @@ Status Head::Impl::Run() {
 
 void Head::Impl::CollectReports(const Record& r, std::vector<IncarnationReport>* out) const {
   for (const auto& [source, d] : r.dead_reports)
-    out->push_back({source, d, IncarnationReport::Kind::kDead});
+    out->push_back({source, d, IncarnationReport::Kind::kDead, r.role});
   if (r.incarnation == 0) return;  // never registered, or its death is recorded above
   if (!r.final_report.empty())
-    out->push_back({r.source(), r.final_report, IncarnationReport::Kind::kFinal});
+    out->push_back({r.source(), r.final_report, IncarnationReport::Kind::kFinal, r.role});
   else if (!r.stats.empty())  // alive, or ended without its final report
     // A producer that ended without one may have sent more than its last
     // stats say; the learner's and reward actor's counters are cumulative.
     out->push_back({r.source(), r.stats,
                     r.alive() || !r.stats.count("generated") ? IncarnationReport::Kind::kFinal
-                                                             : IncarnationReport::Kind::kDead});
+                                                             : IncarnationReport::Kind::kDead,
+                    r.role});
 }
 
 void Head::Impl::WriteSummary() {
   std::vector<IncarnationReport> reports = retired_reports_;
   for (const auto& [id, r] : actors_) CollectReports(r, &reports);
-  const std::map<std::string, double> acc = SumAccounting(reports);
+  const Accounting acc = SumAccounting(reports);
   std::lock_guard<std::mutex> g(summary_mu_);
-  summary_.accounting = acc;
+  summary_.accounting = acc.terms;
+  summary_.accounting_problems = acc.problems;
   nlohmann::json j;
   j["kind"] = "job_summary";
   j["completed"] = summary_.completed;
   j["stopped"] = summary_.stopped;
   j["failure"] = summary_.failure;
-  j["accounting"] = acc;
+  j["accounting"] = acc.terms;
+  j["accounting_holds"] = acc.holds();
+  j["accounting_problems"] = acc.problems;
   j["learner"] = summary_.learner_summary;
   metrics_ << j.dump() << '\n';
   metrics_.flush();

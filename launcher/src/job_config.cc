@@ -359,8 +359,14 @@ void Describe(Binder& b, JobConfig& c) {
   if (b.mode() != Binder::Mode::kRead) return;
 
   // ---- cross-section validation (each component's own rules first)
-  if (c.name.empty() || c.name.find('/') != std::string::npos)
-    b.Error("name", "must be non-empty and contain no '/'");
+  // The name becomes a folder name (<name>-<time>, plus a suffix): keep it
+  // short and free of characters shells and file systems treat specially.
+  if (c.name.empty() || c.name.size() > 100 || c.name[0] == '.' || c.name[0] == '-' ||
+      c.name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+          std::string::npos)
+    b.Error("name",
+            "must be 1-100 characters of letters, digits, '.', '_' and '-', not starting with '.' "
+            "or '-'");
   if (c.learner.count > 1) b.Error("learner.count", "must be 0 or 1 (one learner per job)");
   if (c.learner.count == 0 && c.echo.count == 0)
     b.Error("learner.count", "must be 1: a job needs its learner (0 only for echo test jobs)");

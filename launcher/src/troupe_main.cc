@@ -545,14 +545,20 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (*run) {
-    if (app.get_option("--runs-dir")->count()) ra.runs_dir = runs_dir;
-    return CmdRun(ra);
+  // Commands report expected failures as values; an exception escaping one
+  // is a bug, but the CLI still ends with one line, never an abort.
+  try {
+    if (*run) {
+      if (app.get_option("--runs-dir")->count()) ra.runs_dir = runs_dir;
+      return CmdRun(ra);
+    }
+    if (*status) return CmdStatus(runs_dir, pos, with_stats);
+    if (*logs) return CmdLogs(runs_dir, pos, all, follow);
+    if (*scale) return CmdScale(runs_dir, pos);
+    if (*stop) return CmdStop(runs_dir, pos, wait_s);
+    if (*keys) return CmdConfigKeys();
+  } catch (const std::exception& e) {
+    return Fail(std::string("unexpected error (please report it): ") + e.what(), 1);
   }
-  if (*status) return CmdStatus(runs_dir, pos, with_stats);
-  if (*logs) return CmdLogs(runs_dir, pos, all, follow);
-  if (*scale) return CmdScale(runs_dir, pos);
-  if (*stop) return CmdStop(runs_dir, pos, wait_s);
-  if (*keys) return CmdConfigKeys();
   return 2;
 }

@@ -234,6 +234,12 @@ struct RolloutBatch {
   sequences @12 :List(SequenceMeta);
   generateTimeNs @13 :Int64;   # wall time spent generating this batch
   createdNs @14 :Int64;        # wall clock when generation started
+  producerIncarnation @15 :UInt64;  # the producer process's incarnation (with `producer`, the
+                                    # accounting source of the batch); 0 = unknown
+  grantLearner @16 :UInt64;    # incarnation of the learner process whose credits started
+                               # `grantedGroups` of its groups (staleness control)
+  grantedGroups @17 :UInt32;   # groups of this batch that learner granted (the others were
+                               # granted by an earlier learner process)
 }
 
 # Per-sequence outcome of scoring.

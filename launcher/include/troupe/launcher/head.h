@@ -68,7 +68,8 @@ struct JobSummary {
   bool stopped = false;                           // `troupe stop` / Ctrl-C
   std::string failure;                            // non-empty when the job failed
   std::map<std::string, double> learner_summary;  // the learner's "summary" metrics
-  std::map<std::string, double> accounting;       // generated, trained, dropped_*, in_flight, lost
+  std::map<std::string, double> accounting;       // generated and every term (accounting.h)
+  std::vector<std::string> accounting_problems;   // checks that failed (empty: it holds)
 };
 
 class Head {
