@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <cstdio>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -148,6 +149,7 @@ class LearnerRole {
   Status TrainStep();
   Status Checkpoint(const char* why);
   Status CheckpointIfAcksPile();
+  void FaultStallCheckpoint(std::string_view stage);
   void ReleaseAcks(bool all_finished);
   void Report(const trainer::StepMetrics& m);
   void SendEval(const EvalResult& e);
@@ -872,6 +874,21 @@ Status LearnerRole::Resume(const std::string& dir) {
   return Status::Ok();
 }
 
+// Fault injection (checkpoint.fault_stall_stage): stalls this checkpoint at
+// `stage` when the trigger file exists (taken, so a restarted learner does not
+// stall again), announcing it in <run>/fault-stalled-checkpoint, until killed
+// (60 s at most).
+void LearnerRole::FaultStallCheckpoint(std::string_view stage) {
+  if (stage != job_.checkpoint.fault_stall_stage) return;
+  const std::string trigger = ctx_.run_dir + "/fault-stall-checkpoint";
+  if (std::rename(trigger.c_str(), (trigger + ".taken").c_str()) != 0) return;
+  Log().warn("fault injection: stalling at checkpoint stage '{}' until killed", stage);
+  trainer::WriteFileAtomic(ctx_.run_dir + "/fault-stalled-checkpoint", std::string(stage))
+      .IgnoreError();
+  for (int i = 0; i < 600 && !rt_.should_exit(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
 // Senders keep every unacknowledged message in a bounded outbox. Updates that
 // train nothing (every group uniform) or dropped batches decide data without
 // advancing the update count, so periodic checkpoints alone could leave
@@ -891,7 +908,11 @@ Status LearnerRole::Checkpoint(const char* why) {
   TROUPE_RETURN_IF_ERROR(fatal_);
   auto ledger_bytes = ledger_->Sync();
   if (!ledger_bytes.ok()) return ledger_bytes.status().WithContext("checkpoint");
-  auto dir = learner_->SaveCheckpoint(ckpt_root_, {},
+  trainer::CheckpointHooks hooks;
+  if (!job_.checkpoint.fault_stall_stage.empty()) hooks.on_stage = [this](std::string_view stage) {
+    FaultStallCheckpoint(stage);
+  };
+  auto dir = learner_->SaveCheckpoint(ckpt_root_, hooks,
                                       {{"actor_state.json", SidecarJson(*ledger_bytes)}});
   if (!dir.ok()) return dir.status().WithContext("checkpoint");
   last_ckpt_update_ = RlUpdates();

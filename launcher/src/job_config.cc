@@ -259,6 +259,9 @@ void Describe(Binder& b, CheckpointSpec& c) {
   b.Field("max_unacked_batches", &c.max_unacked_batches,
           "ack = checkpoint: checkpoint early once this many decided batches await their ack "
           "(bounds the senders' outboxes)");
+  b.Field("fault_stall_stage", &c.fault_stall_stage,
+          "fault injection: checkpoint stage (model, optimizer, state, extra, renamed, ...) where "
+          "the learner stalls when <run>/fault-stall-checkpoint exists (empty: off)");
 }
 void Describe(Binder& b, StopSpec& c) {
   b.Field("max_steps", &c.max_steps,

@@ -123,7 +123,7 @@ class Job {
     WaitStatus(
         [&](const ControlResult& st) {
           for (auto& a : st.actors)
-            if (a.id == id && a.state == "ready") pid = a.pid;
+            if (a.id == id && a.state == "ready" && Alive(a.pid)) pid = a.pid;
           return pid > 0;
         },
         120000);

@@ -108,6 +108,12 @@ struct CheckpointSpec {
   // messages in a bounded outbox; without this, updates skipped because every
   // group was uniform would fill it and stall the pipeline).
   uint32_t max_unacked_batches = 64;
+  // Fault injection (tests): a checkpoint stage ("model", "optimizer", "state",
+  // "extra", "renamed", ... see trainer/checkpoint.h) at which the learner
+  // stalls — only when the file <run>/fault-stall-checkpoint exists, which it
+  // consumes — so a test can kill it in the middle of a checkpoint write.
+  // Empty: off.
+  std::string fault_stall_stage;
 };
 
 // When the job ends (the first condition met).
