@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace troupe::actors {
@@ -174,6 +175,7 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
     auto d = details[static_cast<unsigned>(i)];
     d.setScorer(rewards[i].scorer);
     if (!rewards[i].failure.empty()) d.setFailure(rewards[i].failure);
+    if (rewards[i].unscored) d.setUnscored(true);
     if (!rewards[i].components.empty()) {
       auto c = d.initComponents(static_cast<unsigned>(rewards[i].components.size()));
       for (size_t j = 0; j < rewards[i].components.size(); ++j) {
@@ -191,7 +193,8 @@ std::string BatchOrigin::Source() const {
   return fmt::format("{}/{:x}", producer, incarnation);
 }
 
-Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin) {
+Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
+                                           std::vector<uint8_t>* unscored) {
   if (msg.kind() != transport::MessageKind::SCORED_BATCH) {
     return ProtocolError("expected a scoredBatch, got {}", transport::KindName(msg.kind()));
   }
@@ -230,6 +233,12 @@ Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, Batc
   // Shape is checked by the learner (one reward per sequence) so it can name the mismatch.
   const float* rp = rewards_view.as<float>();
   t.rewards.assign(rp, rp + rewards_view.numel);
+  if (unscored) {
+    auto details = sb.getDetails();
+    unscored->assign(static_cast<size_t>(std::max<int64_t>(0, n)), 0);
+    if (details.size() == static_cast<unsigned>(n))
+      for (unsigned i = 0; i < details.size(); ++i) (*unscored)[i] = details[i].getUnscored();
+  }
   auto meta = r.getSequences();
   if (meta.size() == static_cast<unsigned>(n)) {
     t.group_index.reserve(meta.size());

@@ -58,6 +58,7 @@ struct RewardRecord {
   float reward = 0;
   std::string scorer, failure;
   std::vector<std::pair<std::string, double>> components;
+  bool unscored = false;  // leave out of training (reward service failed, on_failure: drop)
 };
 // Builds a ScoredBatch from a received RolloutBatch: scalar fields and
 // metadata are copied, tensors are referenced (kept alive by `rollout`).
@@ -76,6 +77,8 @@ struct BatchOrigin {
 
 // Reads a received ScoredBatch into the learner's batch type. Errors name the
 // field (dtype, size, offsets); the learner validates the content further.
-Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin);
+// `unscored` (optional) gets one flag per sequence: RewardDetail.unscored.
+Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
+                                           std::vector<uint8_t>* unscored = nullptr);
 
 }  // namespace troupe::actors

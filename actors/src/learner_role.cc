@@ -574,7 +574,8 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     return;
   }
   BatchOrigin origin;
-  auto batch = ReadTrainBatch(m, &origin);
+  std::vector<uint8_t> unscored;
+  auto batch = ReadTrainBatch(m, &origin, &unscored);
   const std::string& producer = origin.producer;
   int64_t groups = 0;
   if (batch.ok()) {
@@ -614,8 +615,27 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
       receiver_->Ack(d);
     return;
   }
+  // Only groups this learner process granted free credit capacity when decided.
+  const int64_t credited =
+      credits_->Received(producer, origin.incarnation, origin.grant_learner,
+                         std::min<int64_t>(groups, origin.granted_groups));
   received_response_tokens_ += batch->num_response_tokens();
   for (uint8_t m : batch->loss_mask) received_env_tokens_ += m == 0;  // multi-turn tool tokens
+  // Samples whose reward service failed with on_failure: drop never reach the
+  // trainer (their group's baseline is computed without them).
+  const int64_t n_unscored = batch->RemoveSequences(unscored);
+  if (n_unscored > 0 && batch->num_sequences() == 0) {
+    Held h{id, source, credited, n_unscored};
+    h.decided = true;
+    h.fate = "dropped_unscored";
+    h.reason = "no sample of the batch could be scored (on_failure: drop)";
+    credits_->Consumed(h.credited);
+    h.deliveries.push_back(std::move(d));
+    Decided(h);
+    Settle(std::move(h));
+    SendGrants();
+    return;
+  }
   // Started under an earlier learner process's grants with a version this
   // process never made (it resumed from an older checkpoint and the versions
   // after it were lost with the old process): too old in effect, not a
@@ -628,11 +648,8 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
                 "resumed at version {} (later versions were lost with that process)",
                 batch->policy_version, learner_->version()))
           : learner_->Offer(std::move(batch).value());
-  // Only groups this learner process granted free credit capacity when decided.
-  const int64_t credited =
-      credits_->Received(producer, origin.incarnation, origin.grant_learner,
-                         std::min<int64_t>(groups, origin.granted_groups));
-  Held h{id, source, credited, sequences};
+  Held h{id, source, credited, sequences - n_unscored};
+  h.unscored = n_unscored;
   if (adm.ok()) {
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);

@@ -130,7 +130,7 @@ void RewardRole::Handle(transport::Delivery d) {
   std::vector<RewardRecord> rewards;
   rewards.reserve(results.size());
   for (auto& r : results)
-    rewards.push_back({static_cast<float>(r.reward), r.scorer, r.failure, r.components});
+    rewards.push_back({static_cast<float>(r.reward), r.scorer, r.failure, r.components, r.unscored});
   transport::OutMessage out;
   Status s = ForwardScored(
       d.message, rewards, rt_.options().actor_id,

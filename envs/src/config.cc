@@ -150,6 +150,10 @@ Status RewardServiceConfig::Validate() const {
   if (s.ok()) s = CheckRange("max_attempts", max_attempts, 1, 20);
   if (s.ok()) s = CheckRange("backoff_ms", backoff_ms, 0, 60000);
   if (s.ok()) s = CheckRange("max_backoff_ms", max_backoff_ms, backoff_ms, 600000);
+  if (s.ok()) s = CheckRange("breaker_failures", breaker_failures, 0, 1000000);
+  if (s.ok()) s = CheckRange("breaker_cooldown_ms", breaker_cooldown_ms, 1, 3600000);
+  if (s.ok() && on_failure != "zero" && on_failure != "drop")
+    s = InvalidArgument("on_failure must be zero or drop, got '{}'", on_failure);
   return s.ok() ? s : ctx(s);
 }
 

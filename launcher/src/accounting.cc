@@ -49,6 +49,7 @@ Accounting SumAccounting(const std::vector<IncarnationReport>& reports) {
   if (!learner) {
     for (const auto& r : reports)
       if (r.role == "learner" && r.kind == IncarnationReport::Kind::kFinal) learner = &r;
+    acc.complete = false;
     acc.problems.push_back(
         "the learner sent no final report: its decisions per producer are unknown, so the "
         "producers' own unanswered counts stand in for in_flight");

@@ -47,6 +47,7 @@ const std::vector<std::string>& AccountingTerms();
 struct Accounting {
   std::map<std::string, double> terms;  // generated and every AccountingTerms() entry
   std::vector<std::string> problems;    // one line each; empty when everything adds up
+  bool complete = true;  // false without the learner's final report (the job failed or was cut)
   // generated equals the sum of the other terms and no check failed.
   bool holds() const;
 };

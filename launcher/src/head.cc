@@ -3,8 +3,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -14,6 +16,7 @@
 
 #include "accounting.h"
 #include "progress.h"
+#include "troupe/core/exit_codes.h"
 #include "troupe/core/log.h"
 #include "troupe/transport/message.h"
 
@@ -105,6 +108,7 @@ struct Record {
   std::optional<Clock::time_point> restart_at;
   bool given_up = false;
   std::unique_ptr<std::ofstream> log;          // logs/<id>.log
+  std::string last_error;                      // its last error-level log line (exit reasons)
   std::map<std::string, double> final_report;  // the actor's "final" metrics
   // Last word (final report, else last stats) of incarnations that ended and
   // were restarted, with their source key
@@ -175,6 +179,10 @@ class Head::Impl {
   void Reconcile();
   void Tick();
   void BeginShutdown(const std::string& why, bool stopped);
+  // The head could not write `path` in the run folder: the job stops now
+  // (nothing it records would survive), once.
+  void WriteFailed(const std::string& path);
+  bool write_failed_ = false;
   void ShutdownTick();
 
   // ---- messages
@@ -327,6 +335,25 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
     Log().info("{} exited ({})", r.id, e.ToString());
     return;
   }
+  if (e.exited && e.code == kExitFatal) {
+    // The actor says restarting cannot help (its run folder cannot be
+    // written: full disk, read-only or gone): the job stops now, with why.
+    SetState(r, ActorState::FAILED);
+    r.given_up = true;
+    // The actor's last error line, without its time stamp and name prefix.
+    std::string last = r.last_error;
+    if (auto at = last.find("] "); at != std::string::npos) last = last.substr(at + 2);
+    if (auto at = last.find(": "); at != std::string::npos && at < 16) last = last.substr(at + 2);
+    const std::string why =
+        r.id + " stopped" + (last.empty() ? std::string(" with a fatal error (exit 4)") : ": " + last);
+    Log().error("{}; stopping the job", why);
+    {
+      std::lock_guard<std::mutex> g(summary_mu_);
+      summary_.failure = why;
+    }
+    BeginShutdown(why, false);
+    return;
+  }
   if (r.role == o_.completion_role && e.exited && e.code == 0) {
     SetState(r, ActorState::EXITED);
     Log().info("{} finished the job", r.id);
@@ -415,6 +442,19 @@ void Head::Impl::Tick() {
     directory_dirty_ = true;
   }
   Reconcile();
+}
+
+void Head::Impl::WriteFailed(const std::string& path) {
+  if (write_failed_) return;
+  write_failed_ = true;
+  const std::string why = "cannot write " + path + ": " + std::strerror(errno) +
+                          " (the run folder is full or not writable)";
+  Log().error("{}; stopping the job", why);
+  {
+    std::lock_guard<std::mutex> g(summary_mu_);
+    if (summary_.failure.empty()) summary_.failure = why;
+  }
+  BeginShutdown(why, false);
 }
 
 void Head::Impl::BeginShutdown(const std::string& why, bool stopped) {
@@ -649,8 +689,10 @@ void Head::Impl::OnLog(const transport::InMessage& m) {
   if (!r) return;
   if (!r->log) r->log = std::make_unique<std::ofstream>(o_.run.log_file(sender), std::ios::app);
   auto rec = m.envelope().getBody().getLogRecord();
+  if (rec.getLevel() >= spdlog::level::err) r->last_error = rec.getText();
   *r->log << rec.getText().cStr() << '\n';
   r->log->flush();
+  if (!*r->log) WriteFailed(o_.run.log_file(sender));
 }
 
 void Head::Impl::OnMetrics(const transport::InMessage& m) {
@@ -681,6 +723,7 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   }
   metrics_ << j.dump() << '\n';
   metrics_.flush();
+  if (!metrics_) WriteFailed(o_.run.metrics());
   if (kind == "final") {
     if (Record* r = Find(sender)) r->final_report = stats;
   } else if (kind == "summary") {
@@ -870,6 +913,8 @@ void Head::Impl::WriteSummary() {
   j["learner"] = summary_.learner_summary;
   metrics_ << j.dump() << '\n';
   metrics_.flush();
+  // (The job is over: a summary that cannot be written is printed anyway.)
+  if (!metrics_ && o_.print) o_.print("cannot write the job summary to " + o_.run.metrics());
   if (o_.print) {
     for (auto& line : progress_.SummaryLines(summary_.learner_summary, acc)) o_.print(line);
   }

@@ -175,6 +175,14 @@ void Describe(config::Binder& b, RewardServiceConfig& c) {
   b.Field("max_attempts", &c.max_attempts, "attempts per sample");
   b.Field("backoff_ms", &c.backoff_ms, "backoff before the 2nd attempt (doubles, jittered)");
   b.Field("max_backoff_ms", &c.max_backoff_ms, "largest backoff");
+  b.Field("breaker_failures", &c.breaker_failures,
+          "circuit breaker: fail samples fast after this many in a row failed for the service's "
+          "own reasons (0: off)");
+  b.Field("breaker_cooldown_ms", &c.breaker_cooldown_ms,
+          "circuit breaker: fail fast this long, then probe with one request");
+  b.Field("on_failure", &c.on_failure,
+          "a sample the service could not score: zero (reward 0, trained) | drop (left out of "
+          "training, counted as dropped_unscored)");
 }
 void Describe(config::Binder& b, RewardClientConfig& c) {
   b.List("services", &c.services, "external reward services");

@@ -126,7 +126,10 @@ std::vector<std::string> Progress::SummaryLines(const std::map<std::string, doub
       terms += fmt::format("{}{} {}", terms.empty() ? "" : " + ", t, v);
     }
     out.push_back(fmt::format("  accounting (sequences): generated {} = {}  [{}]",
-                              Get(a, "generated", 0), terms, acc.holds() ? "holds" : "MISMATCH"));
+                              Get(a, "generated", 0), terms,
+                              acc.holds()      ? "holds"
+                              : !acc.complete ? "incomplete"
+                                              : "MISMATCH"));
     for (const auto& p : acc.problems) out.push_back("  accounting: " + p);
   }
   return out;

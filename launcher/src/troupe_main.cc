@@ -188,7 +188,7 @@ int CmdRun(RunArgs a) {
   if (!a.resume.empty()) {
     auto r = ResolveRunDir(a.runs_dir.empty() ? "runs" : a.runs_dir,
                            a.resume == "latest" ? "" : a.resume);
-    if (!r.ok()) return Fail(r.status().message());
+    if (!r.ok()) return Fail(r.status().message(), 2);
     run = *r;
     job = LoadResolvedConfig(run.config());
     if (job.ok() && !a.sets.empty()) return Fail("--set cannot change a resumed run's config", 2);
@@ -348,7 +348,7 @@ int CmdLogs(const std::string& runs_dir, std::vector<std::string> pos, bool all,
     if (pos.size() == 2) run_arg = pos[0];
   }
   auto run = ResolveRunDir(runs_dir, run_arg);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   struct Tail {
     std::string name, path;
     std::streamoff pos = 0;
@@ -417,7 +417,7 @@ int CmdLogs(const std::string& runs_dir, std::vector<std::string> pos, bool all,
 int CmdStatus(const std::string& runs_dir, std::vector<std::string> pos, bool stats) {
   if (pos.size() > 1) return Fail("status takes at most a RUN argument", 2);
   auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   auto r = SendControl(*run, "status", Deadline::InMs(5000));
   if (!r.ok()) return Fail(r.status().message());
   std::cout << "run " << run->path << "\n" << FormatStatusTable(*r, stats);
@@ -448,7 +448,7 @@ int CmdScale(const std::string& runs_dir, std::vector<std::string> pos) {
   }
   if (specs.empty()) return Fail("scale needs ROLE=COUNT (e.g. rollout=4)", 2);
   auto run = ResolveRunDir(runs_dir, run_arg);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   for (auto& [role, n] : specs) {
     auto r = SendControl(*run, "scale", Deadline::InMs(5000), role, n);
     if (!r.ok()) return Fail(r.status().message());
@@ -460,7 +460,7 @@ int CmdScale(const std::string& runs_dir, std::vector<std::string> pos) {
 int CmdStop(const std::string& runs_dir, std::vector<std::string> pos, int wait_s) {
   if (pos.size() > 1) return Fail("stop takes at most a RUN argument", 2);
   auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   auto info = ReadHeadInfo(*run);
   auto r = SendControl(*run, "stop", Deadline::InMs(5000));
   if (!r.ok()) return Fail(r.status().message());
@@ -542,8 +542,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return Fail(std::string(e.what()) + " (troupe --help lists the commands and options)", 2);
   }
   // Commands report expected failures as values; an exception escaping one
   // is a bug, but the CLI still ends with one line, never an abort.

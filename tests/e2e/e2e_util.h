@@ -70,7 +70,7 @@ inline std::vector<std::string> Short(int max_steps, std::vector<std::string> mo
   return s;
 }
 
-// One `troupe run configs/<config>` with --set overrides, in `dir`/runs. The
+// One `troupe run configs/<config>` (or an absolute config path) with --set overrides, in `dir`/runs. The
 // destructor stops it and checks that no actor it saw outlived it.
 class Job {
  public:
@@ -78,7 +78,7 @@ class Job {
       : dir_(std::move(dir)) {
     SpawnOptions o;
     o.argv = {BuildDir() + "/launcher/troupe", "--runs-dir", runs(), "run",
-              SourceDir() + "/configs/" + config};
+              config.rfind('/', 0) == 0 ? config : SourceDir() + "/configs/" + config};
     for (const auto& s : sets) {
       o.argv.push_back("--set");
       o.argv.push_back(s);
@@ -104,10 +104,13 @@ class Job {
   Subprocess& proc() { return *proc_; }
   Result<RunDir> run() const { return ResolveRunDir(runs(), ""); }
 
-  // Waits until the head answers and `pred(status)` holds.
+  // Waits until the head answers and `pred(status)` holds; false at once if
+  // `troupe run` has already ended (nothing more will happen).
   bool WaitStatus(const std::function<bool(const ControlResult&)>& pred, int timeout_ms) {
-    return Eventually(
+    bool ended = false;
+    const bool ok = Eventually(
         [&] {
+          if (proc_ && proc_->Poll()) return ended = true;
           auto r = run();
           if (!r.ok() || !std::filesystem::exists(r->head_file())) return false;
           auto st = SendControl(*r, "status", Deadline::InMs(2000));
@@ -117,6 +120,7 @@ class Job {
           return pred(*st);
         },
         timeout_ms);
+    return ok && !ended;
   }
   int PidOf(const std::string& id) {
     int pid = 0;

@@ -339,5 +339,35 @@ TEST(EndToEnd, ScaleRolloutUpAndDownWhileRunning) {
   EXPECT_EQ(drained, 2) << job.Output();
 }
 
+// A full run folder is fatal, not a crash to retry: the learner's first
+// checkpoint fails with ENOSPC, the learner exits with the fatal code, and the
+// head stops the job at once with the error (no restart, no second warm
+// start). The runs folder is a 1 MiB tmpfs in a private mount namespace
+// (`unshare -m`, root only), so nothing outlives the test.
+TEST(EndToEnd, AFullRunFolderStopsTheJobAtOnceWithTheError) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
+  fs::path dir = e2e::TestDir("full_disk");
+  const std::string runs = (dir / "runs").string();
+  fs::create_directories(runs);
+  std::string cmd = "mount -t tmpfs -o size=1m troupe-test " + runs + " && exec " +
+                    e2e::BuildDir() + "/launcher/troupe --runs-dir " + runs + " run " +
+                    e2e::SourceDir() + "/configs/tiny_reverse.yaml";
+  for (const auto& set : Short(100, {"warm_start.steps=5"})) cmd += " --set " + set;
+  SpawnOptions o;
+  o.argv = {"unshare", "--mount", "--propagation", "private", "sh", "-c", cmd};
+  o.output_file = (dir / "troupe.out").string();
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto e = p->Wait(Deadline::InMs(180000));
+  auto out = ReadFile(o.output_file);
+  ASSERT_TRUE(e.ok()) << "the job did not stop on a full disk\n" << (out.ok() ? *out : "");
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(e->exited && e->code != 0) << e->ToString() << "\n" << *out;
+  EXPECT_NE(out->find("No space left on device"), std::string::npos) << *out;
+  EXPECT_NE(out->find("fatal"), std::string::npos) << *out;
+  EXPECT_EQ(out->find("restarting"), std::string::npos) << "a fatal error was retried\n" << *out;
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace troupe::launcher

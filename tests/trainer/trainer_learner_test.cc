@@ -489,6 +489,29 @@ TEST(Learner, MaskedDemonstrationsTrainOnlyTheModelsTokens) {
   EXPECT_THAT(l->SupervisedStep(none).status().message(), HasSubstr("nothing to train on"));
 }
 
+// Samples left out before training (their reward could not be computed)
+// take their tokens with them; the groups keep the members that remain.
+TEST(TrainBatch, RemoveSequencesKeepsTheRestAndTheirGroups) {
+  TrainBatch b;
+  b.batch_id = "r";
+  b.group_size = 2;
+  b.AddSequence({1, 5}, {9, 10}, {-0.1f, -0.2f}, {1, 1}, 1.0f);
+  b.AddSequence({1, 6}, {11}, {-0.3f}, {1}, 0.0f);
+  b.AddSequence({1, 7}, {12, 13, 14}, {-0.4f, -0.5f, -0.6f}, {1, 0, 1}, 1.0f);
+  b.AddSequence({1, 8}, {15}, {-0.7f}, {1}, 0.0f);
+  EXPECT_EQ(b.RemoveSequences({0, 1, 0}), 0) << "a drop list of the wrong size changes nothing";
+  EXPECT_EQ(b.RemoveSequences({0, 0, 0, 0}), 0);
+  ASSERT_EQ(b.RemoveSequences({0, 1, 0, 0}), 1);
+  EXPECT_EQ(b.num_sequences(), 3);
+  EXPECT_EQ(b.prompt_tokens, (std::vector<int32_t>{1, 5, 1, 7, 1, 8}));
+  EXPECT_EQ(b.response_tokens, (std::vector<int32_t>{9, 10, 12, 13, 14, 15}));
+  EXPECT_EQ(b.response_offsets, (std::vector<int64_t>{0, 2, 5, 6}));
+  EXPECT_EQ(b.loss_mask, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1}));
+  EXPECT_EQ(b.behaviour_logprobs[2], -0.4f);
+  EXPECT_EQ(b.rewards, (std::vector<float>{1.0f, 1.0f, 0.0f}));
+  EXPECT_EQ(b.group_index, (std::vector<uint32_t>{0, 1, 1}));
+}
+
 TEST(Learner, UniformGroupsAreCountedAndSkipped) {
   auto l = MakeLearner(TestConfig());
   // Group 0 informative, group 1 all rewards equal.

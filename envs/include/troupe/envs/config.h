@@ -121,6 +121,20 @@ struct RewardServiceConfig {
   int64_t backoff_ms = 50;
   // Largest backoff, ms. Default 1000.
   int64_t max_backoff_ms = 1000;
+  // Circuit breaker: after this many samples in a row failed for a reason of
+  // the service's (unreachable, connection, timeout, 5xx/408/429), samples
+  // fail at once without a request for breaker_cooldown_ms; then one probe
+  // request decides (success closes it, failure opens it again). 0: off.
+  // Default 5.
+  int64_t breaker_failures = 5;
+  // How long an open breaker fails samples fast before probing, ms. Default 5000.
+  int64_t breaker_cooldown_ms = 5000;
+  // What a sample whose reward could not be computed (the service failed)
+  // becomes: "zero" — reward 0 with the reason, trained on like any failure
+  // (the default, as NeMo Gym does); "drop" — left out of training and
+  // counted (accounting term dropped_unscored), so an outage does not teach
+  // the policy that every answer is wrong.
+  std::string on_failure = "zero";
 
   Status Validate() const;
 };
