@@ -14,8 +14,9 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   # Gloo headers: libtorch's ProcessGroupGloo.hpp includes them (weight broadcast)
   libgloo-dev
-  # HF tokenizer.json: pre-tokenizer regexes (PCRE2), Unicode normalization (ICU), hash maps (abseil)
-  libpcre2-dev libicu-dev libabsl-dev
+  # HF tokenizer.json: pre-tokenizer regexes (PCRE2), Unicode normalization (ICU), hash maps
+  # (abseil), fast JSON for the 10 MB vocabulary files (simdjson)
+  libpcre2-dev libicu-dev libabsl-dev libsimdjson-dev
   # logging, CLI, config, JSON
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   # HTTP client/server for external reward services

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <thread>
 
+#include <simdjson.h>
+
 #include "hf/bpe.h"
 #include "hf/components.h"
 #include "hf/json_fields.h"
@@ -58,6 +60,88 @@ Result<std::string> ConfigToken(const nlohmann::json& config, const char* key, c
                          it->dump());
 }
 
+// tokenizer.json read in two ways: model.vocab and model.merges (nearly all of the file)
+// straight from simdjson's DOM into flat lists, everything else as small nlohmann
+// objects. The string views point into `parser`, which must outlive them.
+struct TokenizerFile {
+  simdjson::dom::parser parser;
+  nlohmann::json rest = nlohmann::json::object();  // top-level keys; "model" without the big two
+  std::vector<hf::BpeModel::VocabEntry> vocab;
+  std::vector<hf::BpeModel::MergeEntry> merges;
+};
+
+nlohmann::json ToNlohmann(simdjson::dom::element e) {
+  return nlohmann::json::parse(simdjson::to_string(e));
+}
+
+Status ReadModel(simdjson::dom::object model, const std::string& where, TokenizerFile* f) {
+  nlohmann::json options = nlohmann::json::object();
+  bool have_vocab = false, have_merges = false;
+  for (auto [key, value] : model) {
+    if (key == "vocab") {
+      simdjson::dom::object vocab;
+      if (value.get_object().get(vocab))
+        return InvalidArgument("{}: 'vocab' must be an object of token -> id", where);
+      for (auto [token, id] : vocab) {
+        int64_t v = 0;
+        if (id.get_int64().get(v))
+          return InvalidArgument("{}: vocab id of '{}' is {}, not an integer", where, token,
+                                 simdjson::to_string(id));
+        f->vocab.emplace_back(token, v);
+      }
+      have_vocab = true;
+    } else if (key == "merges") {
+      simdjson::dom::array merges;
+      if (value.get_array().get(merges)) return InvalidArgument("{}: 'merges' must be an array", where);
+      for (simdjson::dom::element m : merges) {
+        std::string_view a, b, both;
+        simdjson::dom::array pair;
+        bool ok = false;
+        if (!m.get_string().get(both)) {  // "left right"
+          size_t space = both.find(' ');
+          ok = space != std::string_view::npos && both.find(' ', space + 1) == std::string_view::npos;
+          if (ok) a = both.substr(0, space), b = both.substr(space + 1);
+        } else if (!m.get_array().get(pair) && pair.size() == 2) {  // ["left", "right"]
+          ok = !pair.at(0).get_string().get(a) && !pair.at(1).get_string().get(b);
+        }
+        if (!ok)
+          return InvalidArgument("{}: merges[{}] is {}, not \"left right\" or [left, right]", where,
+                                 f->merges.size(), simdjson::to_string(m));
+        f->merges.emplace_back(a, b);
+      }
+      have_merges = true;
+    } else {
+      options[std::string(key)] = ToNlohmann(value);
+    }
+  }
+  if (!have_vocab) return InvalidArgument("{}: 'vocab' must be an object of token -> id", where);
+  if (!have_merges) return InvalidArgument("{}: 'merges' must be an array", where);
+  f->rest["model"] = std::move(options);
+  return Status::Ok();
+}
+
+Status ReadTokenizerFile(std::string_view json, const std::string& origin, TokenizerFile* f) {
+  simdjson::padded_string padded(json);
+  simdjson::dom::element doc;
+  simdjson::dom::object top;
+  if (auto err = f->parser.parse(padded).get(doc))
+    return Malformed("{}: not a JSON object ({})", origin, simdjson::error_message(err));
+  if (doc.get_object().get(top)) return Malformed("{}: not a JSON object", origin);
+  for (auto [key, value] : top) {
+    simdjson::dom::object model;
+    if (key == "model" && !value.get_object().get(model)) {
+      std::string_view type;
+      if (model["type"].get_string().get(type))
+        return InvalidArgument("{} model: has no \"type\"", origin);
+      if (type != "BPE") return InvalidArgument("{} model: type '{}' is not supported (BPE is)", origin, type);
+      TROUPE_RETURN_IF_ERROR(ReadModel(model, origin + " model", f));
+    } else {
+      f->rest[std::string(key)] = ToNlohmann(value);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct HfTokenizer::Scratch {
@@ -92,17 +176,19 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path) 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_view tokenizer_json,
                                                            std::string_view config_json,
                                                            const std::string& origin) {
-  nlohmann::json j = nlohmann::json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Malformed("{}: not a JSON object", origin);
+  auto file = std::make_unique<TokenizerFile>();
+  TROUPE_RETURN_IF_ERROR(ReadTokenizerFile(tokenizer_json, origin, file.get()));
   std::unique_ptr<HfTokenizer> tok(new HfTokenizer());
   tok->origin_ = origin;
-  TROUPE_RETURN_IF_ERROR(tok->Init(j, std::string(config_json)));
+  TROUPE_RETURN_IF_ERROR(tok->Init(file->rest, file->vocab, file->merges, std::string(config_json)));
   return tok;
 }
 
 bool HfTokenizer::byte_level() const { return model_->byte_level(); }
 
-Status HfTokenizer::Init(const nlohmann::json& j, const std::string& config_json) {
+Status HfTokenizer::Init(const nlohmann::json& j, const std::vector<std::pair<std::string_view, int64_t>>& vocab,
+                         const std::vector<std::pair<std::string_view, std::string_view>>& merges,
+                         const std::string& config_json) {
   const std::string& o = origin_;
   TROUPE_RETURN_IF_ERROR(hf::CheckKeys(j, o, {"version", "truncation", "padding", "added_tokens",
                                               "normalizer", "pre_tokenizer", "post_processor",
@@ -123,7 +209,7 @@ Status HfTokenizer::Init(const nlohmann::json& j, const std::string& config_json
   const nlohmann::json& model = part("model");
   TROUPE_ASSIGN_OR_RETURN(std::string type, hf::TypeOf(model, o + " model"));
   if (type != "BPE") return InvalidArgument("{} model: type '{}' is not supported (BPE is)", o, type);
-  TROUPE_ASSIGN_OR_RETURN(model_, hf::BpeModel::FromJson(model, byte_level, o + " model"));
+  TROUPE_ASSIGN_OR_RETURN(model_, hf::BpeModel::FromParts(model, vocab, merges, byte_level, o + " model"));
   pieces_ = model_->vocab_pieces();
   used_ = model_->vocab_has();
 

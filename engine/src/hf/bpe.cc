@@ -54,27 +54,6 @@ MergeScratch& Scratch() {
   return scratch;
 }
 
-// The two halves of one merges entry ("a b" or ["a", "b"]).
-Status MergeParts(const nlohmann::json& m, size_t index, const std::string& where, std::string* a,
-                  std::string* b) {
-  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-    *a = m[0].get<std::string>();
-    *b = m[1].get<std::string>();
-    return Status::Ok();
-  }
-  if (m.is_string()) {
-    const auto& s = m.get_ref<const std::string&>();
-    size_t space = s.find(' ');
-    if (space != std::string::npos && s.find(' ', space + 1) == std::string::npos) {
-      *a = s.substr(0, space);
-      *b = s.substr(space + 1);
-      return Status::Ok();
-    }
-  }
-  return InvalidArgument("{}: merges[{}] is {}, not \"left right\" or [left, right]", where, index,
-                         m.dump());
-}
-
 }  // namespace
 
 char32_t ByteToChar(uint8_t byte) { return Alphabet().to_char[byte]; }
@@ -115,8 +94,10 @@ int32_t BpeModel::Lookup(std::string_view model_string) const {
   return it == vocab_.end() ? -1 : it->second;
 }
 
-Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model, bool byte_level,
-                                                     const std::string& where) {
+Result<std::unique_ptr<BpeModel>> BpeModel::FromParts(const nlohmann::json& model,
+                                                      const std::vector<VocabEntry>& vocab,
+                                                      const std::vector<MergeEntry>& merges,
+                                                      bool byte_level, const std::string& where) {
   TROUPE_RETURN_IF_ERROR(CheckKeys(model, where,
                                    {"type", "vocab", "merges", "unk_token", "fuse_unk",
                                     "byte_fallback", "ignore_merges", "dropout",
@@ -138,42 +119,37 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model
     if (!v.empty()) return InvalidArgument("{}: BPE {} '{}' is not supported", where, affix, v);
   }
 
-  auto vocab = model.find("vocab");
-  if (vocab == model.end() || !vocab->is_object())
-    return InvalidArgument("{}: 'vocab' must be an object of token -> id", where);
-  int32_t max_id = -1;
-  for (const auto& item : vocab->items()) {
-    if (!item.value().is_number_integer() || item.value().get<int64_t>() < 0 ||
-        item.value().get<int64_t>() >= (int64_t{1} << 30))
-      return InvalidArgument("{}: vocab id of '{}' is {}, not an id in [0, 2^30)", where, item.key(),
-                             item.value().dump());
-    max_id = std::max(max_id, item.value().get<int32_t>());
+  int64_t max_id = -1;
+  for (const auto& [token, id] : vocab) {
+    if (id < 0 || id >= (int64_t{1} << 30))
+      return InvalidArgument("{}: vocab id of '{}' is {}, not an id in [0, 2^30)", where, token, id);
+    max_id = std::max(max_id, id);
   }
   m->pieces_.assign(static_cast<size_t>(max_id + 1), std::string());
   m->has_.assign(static_cast<size_t>(max_id + 1), false);
-  m->vocab_.reserve(vocab->size());
+  m->vocab_.reserve(vocab.size());
   std::string key;
-  for (const auto& item : vocab->items()) {
-    auto id = item.value().get<int32_t>();
-    if (m->has_[static_cast<size_t>(id)])
+  for (const auto& [token, id64] : vocab) {
+    auto id = static_cast<int32_t>(id64);
+    auto slot = static_cast<size_t>(id);
+    if (m->has_[slot] && m->pieces_[slot] != token)
       return InvalidArgument("{}: vocab id {} is given to both '{}' and '{}'", where, id,
-                             m->pieces_[static_cast<size_t>(id)], item.key());
-    m->has_[static_cast<size_t>(id)] = true;
-    m->pieces_[static_cast<size_t>(id)] = item.key();
-    if (m->KeyOf(item.key(), &key)) m->vocab_.emplace(key, id);
+                             m->pieces_[slot], token);
+    m->has_[slot] = true;
+    m->pieces_[slot] = std::string(token);
+    if (m->KeyOf(token, &key)) m->vocab_.insert_or_assign(key, id);  // a repeated key: last wins
   }
 
-  auto merges = model.find("merges");
-  if (merges == model.end() || !merges->is_array())
-    return InvalidArgument("{}: 'merges' must be an array", where);
-  m->merges_.reserve(merges->size());
-  std::string a, b, ka, kb;
-  for (size_t i = 0; i < merges->size(); ++i) {
-    TROUPE_RETURN_IF_ERROR(MergeParts((*merges)[i], i, where, &a, &b));
+  m->merges_.reserve(merges.size());
+  std::string ka, kb, kab;
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const auto& [a, b] = merges[i];
     // A half outside the byte alphabet can never be a byte-level symbol: skip it.
     if (!m->KeyOf(a, &ka) || !m->KeyOf(b, &kb)) continue;
-    auto ia = m->vocab_.find(ka), ib = m->vocab_.find(kb), iab = m->vocab_.find(ka + kb);
-    const std::string* missing = ia == m->vocab_.end() ? &a : ib == m->vocab_.end() ? &b : nullptr;
+    kab = ka;
+    kab += kb;
+    auto ia = m->vocab_.find(ka), ib = m->vocab_.find(kb), iab = m->vocab_.find(kab);
+    const std::string_view* missing = ia == m->vocab_.end() ? &a : ib == m->vocab_.end() ? &b : nullptr;
     if (missing)
       return InvalidArgument("{}: merges[{}] '{} {}' uses '{}', which is not in the vocabulary", where,
                              i, a, b, *missing);
@@ -302,7 +278,8 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
 }
 
 BpeModel::Cache::Shard& BpeModel::Cache::ShardOf(std::string_view word) const {
-  return shards_[std::hash<std::string_view>()(word) % kShards];
+  // The top bits of the map's own hash: the tables index with the low ones.
+  return shards_[(StringHash()(word) >> 58) % kShards];
 }
 
 bool BpeModel::Cache::Get(std::string_view word, std::vector<int32_t>* out) const {

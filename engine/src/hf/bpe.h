@@ -49,11 +49,17 @@ int ByteOfChar(char32_t c);
 
 class BpeModel {
  public:
-  // Reads the "model" object of tokenizer.json (type BPE). `byte_level`: the pipeline
-  // ends in a ByteLevel pre-tokenizer, so pre-tokens arrive as raw bytes. Errors name
-  // `where` (e.g. "tokenizer.json model") and the offending entry.
-  static Result<std::unique_ptr<BpeModel>> FromJson(const nlohmann::json& model, bool byte_level,
-                                                    const std::string& where);
+  // The "model" object of tokenizer.json (type BPE), read in parts: `options` holds
+  // every key but the two big ones, `vocab` the token -> id entries in file order,
+  // `merges` the pairs in rank order. `byte_level`: the pipeline ends in a ByteLevel
+  // pre-tokenizer, so pre-tokens arrive as raw bytes. Errors name `where` (e.g.
+  // "tokenizer.json model") and the offending entry.
+  using VocabEntry = std::pair<std::string_view, int64_t>;
+  using MergeEntry = std::pair<std::string_view, std::string_view>;
+  static Result<std::unique_ptr<BpeModel>> FromParts(const nlohmann::json& options,
+                                                     const std::vector<VocabEntry>& vocab,
+                                                     const std::vector<MergeEntry>& merges,
+                                                     bool byte_level, const std::string& where);
 
   // Makes the model-space string `content` encode to `id`, as tokenizers.js does for
   // added tokens: their content joins the model's map (insert_if_missing), and a

@@ -17,9 +17,10 @@
 // are its message). Ok payloads: ids as [u32 count][count x int32] (+ [u32 n][n UTF-8
 // bytes] of the decoded text for 'E'); decoded text as UTF-8 bytes.
 //
-// --bench: encodes every line of TEXTS_FILE (one text per line; a JSONL file's lines are
-// encoded as they are) repeatedly for at least SECONDS after one warm-up pass and prints
-// one JSON line {"bytes":..,"seconds":..,"mb_per_s":..,"tokens":..}.
+// --bench: TEXTS_FILE is JSONL, one {"text": ...} per line; encodes every text
+// (add_special_tokens=false) repeatedly for at least SECONDS after one warm-up pass and
+// prints one JSON line {"bytes":..,"seconds":..,"mb_per_s":..,"tokens":..} (bytes of
+// UTF-8 text encoded, tokens of one pass).
 import fs from "node:fs";
 import { Tokenizer } from "@huggingface/tokenizers";
 
@@ -32,7 +33,8 @@ const tok = new Tokenizer(tokenizerJson, config);
 const utf8In = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
 
 if (benchAt >= 0) {
-  const lines = fs.readFileSync(args[benchAt + 1], "utf8").split("\n").filter((l) => l.length > 0);
+  const lines = fs.readFileSync(args[benchAt + 1], "utf8").split("\n").filter((l) => l.length > 0)
+    .map((l) => JSON.parse(l).text);
   const seconds = Number(args[benchAt + 2] ?? "2");
   const bytesPerPass = lines.reduce((n, l) => n + Buffer.byteLength(l, "utf8"), 0);
   let tokens = 0;

@@ -94,7 +94,9 @@ class HfTokenizer final : public Tokenizer {
   struct Scratch;
 
   HfTokenizer();
-  Status Init(const nlohmann::json& tokenizer, const std::string& config_json);
+  Status Init(const nlohmann::json& tokenizer, const std::vector<std::pair<std::string_view, int64_t>>& vocab,
+              const std::vector<std::pair<std::string_view, std::string_view>>& merges,
+              const std::string& config_json);
   Status InitAddedTokens(const nlohmann::json& list);
   Status InitConfig();
   Status EncodeText(std::string_view text, std::vector<int32_t>* ids) const;
