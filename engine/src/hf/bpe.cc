@@ -165,6 +165,10 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromParts(const nlohmann::json& mode
     auto it = m->vocab_.find(k);
     m->byte_ids_[static_cast<size_t>(byte)] = it == m->vocab_.end() ? -1 : it->second;
   }
+  for (int c = 0; c < 128; ++c) {
+    auto it = m->vocab_.find(std::string(1, static_cast<char>(c)));
+    m->ascii_ids_[static_cast<size_t>(c)] = it == m->vocab_.end() ? -1 : it->second;
+  }
   TROUPE_ASSIGN_OR_RETURN(std::string unk, StringField(model, "unk_token", where));
   if (!unk.empty()) {
     m->unk_id_ = m->Lookup(unk);
@@ -181,8 +185,11 @@ void BpeModel::AddToken(std::string_view content, int32_t id, bool insert_if_mis
   if (it == vocab_.end()) {
     if (!insert_if_missing) return;
     vocab_.emplace(key, id);
-    if (byte_level_ && key.size() == 1 && byte_ids_[static_cast<uint8_t>(key[0])] < 0)
-      byte_ids_[static_cast<uint8_t>(key[0])] = id;
+    if (key.size() == 1) {
+      auto b = static_cast<uint8_t>(key[0]);
+      if (byte_level_ && byte_ids_[b] < 0) byte_ids_[b] = id;
+      if (!byte_level_ && b < 128) ascii_ids_[b] = id;
+    }
     return;
   }
   if (it->second != id) remap_[it->second] = id;
@@ -219,8 +226,13 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
   for (size_t i = 0; i < word.size();) {
     size_t start = i;
     int32_t id;
+    auto byte = static_cast<uint8_t>(word[i]);
     if (byte_level_) {
-      id = byte_ids_[static_cast<uint8_t>(word[i++])];
+      id = byte_ids_[byte];
+      ++i;
+    } else if (byte < 128) {
+      id = ascii_ids_[byte];
+      ++i;
     } else {
       NextCodePoint(word, &i);
       auto it = vocab_.find(word.substr(start, i - start));
