@@ -475,8 +475,8 @@ Result<std::string> HfTokenizer::IdToPiece(int32_t id) const {
 }
 
 int32_t HfTokenizer::TokenToId(std::string_view piece) const {
-  for (const auto& a : added_)
-    if (a.content == piece) return a.id;
+  const AddedToken* a = FindAdded(piece);  // also finds normalized forms: those are not pieces
+  if (a && a->content == piece) return a->id;
   return model_->Lookup(piece);
 }
 
