@@ -39,7 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // CPU seconds of this thread / of the whole process.
 double CpuSeconds(clockid_t clock) {
@@ -61,11 +63,26 @@ std::vector<std::string> Corpus(uint64_t seed, size_t bytes) {
   while (total < bytes) {
     std::string t;
     switch (gen.Int(0, 9)) {
-      case 0: case 1: case 2: case 3: case 4: t = gen.Prose(gen.Int(20, 120)); break;
-      case 5: case 6: t = gen.Code(gen.Int(3, 20)); break;
-      case 7: t = gen.Cjk(gen.Int(20, 100)); break;
-      case 8: t = gen.Numbers(gen.Int(3, 15)) + " " + gen.Prose(10); break;
-      default: t = gen.Prose(15) + gen.Emoji(gen.Int(1, 5)); break;
+      case 0:
+      case 1:
+      case 2:
+      case 3:
+      case 4:
+        t = gen.Prose(gen.Int(20, 120));
+        break;
+      case 5:
+      case 6:
+        t = gen.Code(gen.Int(3, 20));
+        break;
+      case 7:
+        t = gen.Cjk(gen.Int(20, 100));
+        break;
+      case 8:
+        t = gen.Numbers(gen.Int(3, 15)) + " " + gen.Prose(10);
+        break;
+      default:
+        t = gen.Prose(15) + gen.Emoji(gen.Int(1, 5));
+        break;
     }
     total += t.size();
     texts.push_back(std::move(t));
@@ -135,19 +152,24 @@ int main(int argc, char** argv) {
   std::vector<std::string> names = {"qwen3", "llama3_1", "llama2", "gpt2"};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--seconds") seconds = std::atof(argv[i + 1]);
-    else if (a == "--dataset-mb") dataset_mb = std::atof(argv[i + 1]);
-    else if (a == "--threads") threads = std::atoi(argv[i + 1]);
+    if (a == "--seconds")
+      seconds = std::atof(argv[i + 1]);
+    else if (a == "--dataset-mb")
+      dataset_mb = std::atof(argv[i + 1]);
+    else if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
     else if (a == "--only") {
       names.clear();
       std::stringstream ss(argv[i + 1]);
       for (std::string n; std::getline(ss, n, ',');) names.push_back(n);
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--dataset-mb N] [--threads T] [--only a,b]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds S] [--dataset-mb N] [--threads T] [--only a,b]\n",
+                   argv[0]);
       return 2;
     }
   }
-  fs::path work = fs::temp_directory_path() / ("troupe-tokenizer-bench-" + std::to_string(getpid()));
+  fs::path work =
+      fs::temp_directory_path() / ("troupe-tokenizer-bench-" + std::to_string(getpid()));
   fs::create_directories(work);
   std::vector<std::string> corpus = Corpus(1, 2u << 20);
   fs::path corpus_file = work / "corpus.jsonl";
@@ -176,16 +198,21 @@ int main(int argc, char** argv) {
     nlohmann::json ref = RunReference(models, corpus_file, seconds);
     double ratio = ours.mb_per_cpu_s / ref["mb_per_cpu_s"].get<double>();
     min_ratio = std::min(min_ratio, ratio);
-    std::printf("%-9s load %.2f s | ours %.2f MB/CPU-s, %.2f MB/s (cold %.2f) | tokenizers.js %.2f MB/CPU-s, %.2f MB/s"
-                " | ratio %.1fx | %zu tokens/pass (reference %d)\n",
-                name.c_str(), load_s, ours.mb_per_cpu_s, ours.mb_per_s, cold,
-                ref["mb_per_cpu_s"].get<double>(), ref["mb_per_s"].get<double>(), ratio, tokens,
-                ref["tokens"].get<int>());
-    result["tokenizers"][name] = {{"mb_per_cpu_s", ours.mb_per_cpu_s}, {"mb_per_s", ours.mb_per_s},
+    std::printf(
+        "%-9s load %.2f s | ours %.2f MB/CPU-s, %.2f MB/s (cold %.2f) | tokenizers.js %.2f "
+        "MB/CPU-s, %.2f MB/s"
+        " | ratio %.1fx | %zu tokens/pass (reference %d)\n",
+        name.c_str(), load_s, ours.mb_per_cpu_s, ours.mb_per_s, cold,
+        ref["mb_per_cpu_s"].get<double>(), ref["mb_per_s"].get<double>(), ratio, tokens,
+        ref["tokens"].get<int>());
+    result["tokenizers"][name] = {{"mb_per_cpu_s", ours.mb_per_cpu_s},
+                                  {"mb_per_s", ours.mb_per_s},
                                   {"cold_mb_per_s", cold},
                                   {"reference_mb_per_cpu_s", ref["mb_per_cpu_s"]},
-                                  {"reference_mb_per_s", ref["mb_per_s"]}, {"ratio", ratio},
-                                  {"load_seconds", load_s}, {"tokens", tokens},
+                                  {"reference_mb_per_s", ref["mb_per_s"]},
+                                  {"ratio", ratio},
+                                  {"load_seconds", load_s},
+                                  {"tokens", tokens},
                                   {"reference_tokens", ref["tokens"]}};
     if (!batch_tok) batch_tok = std::move(tok).value();
   }
@@ -204,7 +231,8 @@ int main(int argc, char** argv) {
       double cpu0 = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
       std::ifstream in(data_file);
       std::vector<std::string> texts;
-      for (std::string line; std::getline(in, line);) texts.push_back(nlohmann::json::parse(line)["text"]);
+      for (std::string line; std::getline(in, line);)
+        texts.push_back(nlohmann::json::parse(line)["text"]);
       auto ids = (*fresh)->EncodeBatch(texts, counts[k]);
       if (!ids.ok()) {
         std::fprintf(stderr, "batch failed: %s\n", ids.status().ToString().c_str());
@@ -213,13 +241,18 @@ int main(int argc, char** argv) {
       rates[k] = Bytes(texts) / 1e6 / Since(t0);
       cpu_rates[k] = Bytes(texts) / 1e6 / (CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0);
     }
-    std::printf("batch %s: %.1f MB JSONL read+parse+encode, %d threads %.2f MB/s (%.2f MB/CPU-s), "
-                "1 thread %.2f MB/s (%.2f MB/CPU-s): %.2fx wall\n",
-                names.front().c_str(), Bytes(data) / 1e6, threads, rates[1], cpu_rates[1], rates[0],
-                cpu_rates[0], rates[1] / rates[0]);
-    result["batch"] = {{"tokenizer", names.front()}, {"dataset_mb", Bytes(data) / 1e6},
-                       {"threads", threads}, {"mb_per_s", rates[1]}, {"one_thread_mb_per_s", rates[0]},
-                       {"mb_per_cpu_s", cpu_rates[1]}, {"one_thread_mb_per_cpu_s", cpu_rates[0]},
+    std::printf(
+        "batch %s: %.1f MB JSONL read+parse+encode, %d threads %.2f MB/s (%.2f MB/CPU-s), "
+        "1 thread %.2f MB/s (%.2f MB/CPU-s): %.2fx wall\n",
+        names.front().c_str(), Bytes(data) / 1e6, threads, rates[1], cpu_rates[1], rates[0],
+        cpu_rates[0], rates[1] / rates[0]);
+    result["batch"] = {{"tokenizer", names.front()},
+                       {"dataset_mb", Bytes(data) / 1e6},
+                       {"threads", threads},
+                       {"mb_per_s", rates[1]},
+                       {"one_thread_mb_per_s", rates[0]},
+                       {"mb_per_cpu_s", cpu_rates[1]},
+                       {"one_thread_mb_per_cpu_s", cpu_rates[0]},
                        {"speedup", rates[1] / rates[0]}};
   }
   fs::remove_all(work);

@@ -31,7 +31,7 @@ Result<std::string> ReadFile(const std::filesystem::path& path) {
 // tokenizers.js's clean_up_tokenization: the spaces English detokenization removes.
 std::string CleanUpSpaces(std::string text) {
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},   {" ?", "?"},     {" !", "!"},   {" ,", ","},   {" ' ", "'"},
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {
     std::string_view f(from);
@@ -50,14 +50,15 @@ std::string CleanUpSpaces(std::string text) {
 }
 
 // A special token named in tokenizer_config.json: "text" or {"content": "text", ...}.
-Result<std::string> ConfigToken(const nlohmann::json& config, const char* key, const std::string& where) {
+Result<std::string> ConfigToken(const nlohmann::json& config, const char* key,
+                                const std::string& where) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return std::string();
   if (it->is_string()) return it->get<std::string>();
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
     return (*it)["content"].get<std::string>();
-  return InvalidArgument("{}: '{}' must be a token string or {{\"content\": ...}}, got {}", where, key,
-                         it->dump());
+  return InvalidArgument("{}: '{}' must be a token string or {{\"content\": ...}}, got {}", where,
+                         key, it->dump());
 }
 
 // tokenizer.json read in two ways: model.vocab and model.merges (nearly all of the file)
@@ -92,14 +93,16 @@ Status ReadModel(simdjson::dom::object model, const std::string& where, Tokenize
       have_vocab = true;
     } else if (key == "merges") {
       simdjson::dom::array merges;
-      if (value.get_array().get(merges)) return InvalidArgument("{}: 'merges' must be an array", where);
+      if (value.get_array().get(merges))
+        return InvalidArgument("{}: 'merges' must be an array", where);
       for (simdjson::dom::element m : merges) {
         std::string_view a, b, both;
         simdjson::dom::array pair;
         bool ok = false;
         if (!m.get_string().get(both)) {  // "left right"
           size_t space = both.find(' ');
-          ok = space != std::string_view::npos && both.find(' ', space + 1) == std::string_view::npos;
+          ok = space != std::string_view::npos &&
+               both.find(' ', space + 1) == std::string_view::npos;
           if (ok) a = both.substr(0, space), b = both.substr(space + 1);
         } else if (!m.get_array().get(pair) && pair.size() == 2) {  // ["left", "right"]
           ok = !pair.at(0).get_string().get(a) && !pair.at(1).get_string().get(b);
@@ -133,7 +136,8 @@ Status ReadTokenizerFile(std::string_view json, const std::string& origin, Token
       std::string_view type;
       if (model["type"].get_string().get(type))
         return InvalidArgument("{} model: has no \"type\"", origin);
-      if (type != "BPE") return InvalidArgument("{} model: type '{}' is not supported (BPE is)", origin, type);
+      if (type != "BPE")
+        return InvalidArgument("{} model: type '{}' is not supported (BPE is)", origin, type);
       TROUPE_RETURN_IF_ERROR(ReadModel(model, origin + " model", f));
     } else {
       f->rest[std::string(key)] = ToNlohmann(value);
@@ -180,19 +184,24 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(std::string_view toke
   TROUPE_RETURN_IF_ERROR(ReadTokenizerFile(tokenizer_json, origin, file.get()));
   std::unique_ptr<HfTokenizer> tok(new HfTokenizer());
   tok->origin_ = origin;
-  TROUPE_RETURN_IF_ERROR(tok->Init(file->rest, file->vocab, file->merges, std::string(config_json)));
+  TROUPE_RETURN_IF_ERROR(
+      tok->Init(file->rest, file->vocab, file->merges, std::string(config_json)));
   return tok;
 }
 
-bool HfTokenizer::byte_level() const { return model_->byte_level(); }
+bool HfTokenizer::byte_level() const {
+  return model_->byte_level();
+}
 
-Status HfTokenizer::Init(const nlohmann::json& j, const std::vector<std::pair<std::string_view, int64_t>>& vocab,
+Status HfTokenizer::Init(const nlohmann::json& j,
+                         const std::vector<std::pair<std::string_view, int64_t>>& vocab,
                          const std::vector<std::pair<std::string_view, std::string_view>>& merges,
                          const std::string& config_json) {
   const std::string& o = origin_;
-  TROUPE_RETURN_IF_ERROR(hf::CheckKeys(j, o, {"version", "truncation", "padding", "added_tokens",
-                                              "normalizer", "pre_tokenizer", "post_processor",
-                                              "decoder", "model"}));
+  TROUPE_RETURN_IF_ERROR(
+      hf::CheckKeys(j, o,
+                    {"version", "truncation", "padding", "added_tokens", "normalizer",
+                     "pre_tokenizer", "post_processor", "decoder", "model"}));
   for (const char* k : {"truncation", "padding"})
     if (j.contains(k) && !j[k].is_null())
       return InvalidArgument("{}: '{}' is set; Troupe does not {} (set it to null)", o, k,
@@ -204,12 +213,14 @@ Status HfTokenizer::Init(const nlohmann::json& j, const std::vector<std::pair<st
   };
   TROUPE_ASSIGN_OR_RETURN(normalizer_, hf::MakeNormalizer(part("normalizer"), o + " normalizer"));
   bool byte_level = false;
-  TROUPE_ASSIGN_OR_RETURN(pre_tokenizer_,
-                          hf::MakePreTokenizer(part("pre_tokenizer"), o + " pre_tokenizer", &byte_level));
+  TROUPE_ASSIGN_OR_RETURN(pre_tokenizer_, hf::MakePreTokenizer(part("pre_tokenizer"),
+                                                               o + " pre_tokenizer", &byte_level));
   const nlohmann::json& model = part("model");
   TROUPE_ASSIGN_OR_RETURN(std::string type, hf::TypeOf(model, o + " model"));
-  if (type != "BPE") return InvalidArgument("{} model: type '{}' is not supported (BPE is)", o, type);
-  TROUPE_ASSIGN_OR_RETURN(model_, hf::BpeModel::FromParts(model, vocab, merges, byte_level, o + " model"));
+  if (type != "BPE")
+    return InvalidArgument("{} model: type '{}' is not supported (BPE is)", o, type);
+  TROUPE_ASSIGN_OR_RETURN(model_,
+                          hf::BpeModel::FromParts(model, vocab, merges, byte_level, o + " model"));
   pieces_ = model_->vocab_pieces();
   used_ = model_->vocab_has();
 
@@ -286,8 +297,10 @@ Status HfTokenizer::InitAddedTokens(const nlohmann::json& list) {
                    [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<std::pair<std::string, size_t>> dedup;
   for (auto& e : added_by_text_) {
-    if (!dedup.empty() && dedup.back().first == e.first) dedup.back() = std::move(e);
-    else dedup.push_back(std::move(e));
+    if (!dedup.empty() && dedup.back().first == e.first)
+      dedup.back() = std::move(e);
+    else
+      dedup.push_back(std::move(e));
   }
   added_by_text_.swap(dedup);
   split_unnormalized_ = std::make_unique<hf::Splitter>(unnormalized);
@@ -297,11 +310,13 @@ Status HfTokenizer::InitAddedTokens(const nlohmann::json& list) {
 
 Status HfTokenizer::InitConfig() {
   const std::string where = origin_ + " tokenizer_config.json";
-  for (const char* key : {"remove_space", "do_lowercase_and_remove_accent", "split_special_tokens"}) {
+  for (const char* key :
+       {"remove_space", "do_lowercase_and_remove_accent", "split_special_tokens"}) {
     TROUPE_ASSIGN_OR_RETURN(bool on, hf::BoolField(config_, key, where));
     if (on) return InvalidArgument("{}: '{}' true is not supported", where, key);
   }
-  TROUPE_ASSIGN_OR_RETURN(clean_up_spaces_, hf::BoolField(config_, "clean_up_tokenization_spaces", where, true));
+  TROUPE_ASSIGN_OR_RETURN(clean_up_spaces_,
+                          hf::BoolField(config_, "clean_up_tokenization_spaces", where, true));
   vocab_size_ = static_cast<int32_t>(pieces_.size());
   special_.assign(pieces_.size(), false);
   skip_.assign(pieces_.size(), false);
@@ -314,12 +329,14 @@ Status HfTokenizer::InitConfig() {
   auto extra = config_.find("additional_special_tokens");
   if (extra != config_.end() && extra->is_array()) {
     for (const auto& t : *extra) {
-      if (t.is_string()) skip_texts.insert(t.get<std::string>());
+      if (t.is_string())
+        skip_texts.insert(t.get<std::string>());
       else if (t.is_object() && t.contains("content") && t["content"].is_string())
         skip_texts.insert(t["content"].get<std::string>());
     }
   }
-  for (size_t id = 0; id < pieces_.size(); ++id) skip_[id] = used_[id] && skip_texts.contains(pieces_[id]);
+  for (size_t id = 0; id < pieces_.size(); ++id)
+    skip_[id] = used_[id] && skip_texts.contains(pieces_[id]);
 
   auto named = [&](const char* key, int32_t* out) -> Status {
     TROUPE_ASSIGN_OR_RETURN(std::string text, ConfigToken(config_, key, where));
@@ -439,8 +456,10 @@ Result<std::vector<int32_t>> HfTokenizer::EncodeWithSpecialTokens(std::string_vi
     std::vector<int32_t> out;
     out.reserve(ids.size() + t.size());
     for (int32_t id : t) {
-      if (id >= 0) out.push_back(id);
-      else out.insert(out.end(), ids.begin(), ids.end());
+      if (id >= 0)
+        out.push_back(id);
+      else
+        out.insert(out.end(), ids.begin(), ids.end());
     }
     ids.swap(out);
   }
@@ -453,8 +472,8 @@ Result<std::string> HfTokenizer::Decode(const std::vector<int32_t>& ids, bool sk
   for (size_t i = 0; i < ids.size(); ++i) {
     int32_t id = ids[i];
     if (id < 0 || id >= vocab_size_ || !used_[static_cast<size_t>(id)])
-      return InvalidArgument("token id {} at position {} is not in the vocabulary of {} ({} ids)", id,
-                             i, origin_, vocab_size_);
+      return InvalidArgument("token id {} at position {} is not in the vocabulary of {} ({} ids)",
+                             id, i, origin_, vocab_size_);
     if (skip_special && skip_[static_cast<size_t>(id)]) continue;
     tokens.push_back(pieces_[static_cast<size_t>(id)]);
   }
@@ -470,7 +489,8 @@ Result<std::string> HfTokenizer::Decode(const std::vector<int32_t>& ids, bool sk
 
 Result<std::string> HfTokenizer::IdToPiece(int32_t id) const {
   if (id < 0 || id >= vocab_size_ || !used_[static_cast<size_t>(id)])
-    return InvalidArgument("token id {} is not in the vocabulary of {} ({} ids)", id, origin_, vocab_size_);
+    return InvalidArgument("token id {} is not in the vocabulary of {} ({} ids)", id, origin_,
+                           vocab_size_);
   return pieces_[static_cast<size_t>(id)];
 }
 
@@ -488,7 +508,8 @@ Result<std::vector<std::vector<int32_t>>> HfTokenizer::EncodeBatch(
     const std::vector<std::string>& texts, int threads, bool add_special_tokens) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(1, texts.size())));
+  threads = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(1, texts.size())));
   std::atomic<size_t> next{0};
   std::vector<Status> errors(static_cast<size_t>(threads));
   auto work = [&](size_t w) {

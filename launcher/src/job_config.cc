@@ -225,7 +225,8 @@ void Describe(Binder& b, BatchSpec& c) {
           "groups per rollout message (divides prompts_per_update)");
 }
 void Describe(Binder& b, TokenizerSpec& c) {
-  b.Field("kind", &c.kind, "char (built-in character tokenizer) | hf (a Hugging Face tokenizer.json)");
+  b.Field("kind", &c.kind,
+          "char (built-in character tokenizer) | hf (a Hugging Face tokenizer.json)");
   b.Field("alphabet", &c.alphabet,
           "kind char: printable (all built-in tasks) | lowercase (a-z and '=') | a literal string");
   b.Field("path", &c.path,
@@ -317,10 +318,12 @@ std::string TokenizerAlphabet(const TokenizerSpec& spec) {
 
 Result<std::unique_ptr<engine::Tokenizer>> MakeTokenizer(const TokenizerSpec& spec) {
   if (spec.kind == "hf") {
-    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok, engine::HfTokenizer::Load(spec.path));
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
+                            engine::HfTokenizer::Load(spec.path));
     return tok;
   }
-  if (spec.kind != "char") return InvalidArgument("tokenizer.kind must be char or hf, got '{}'", spec.kind);
+  if (spec.kind != "char")
+    return InvalidArgument("tokenizer.kind must be char or hf, got '{}'", spec.kind);
   TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
                           engine::CharTokenizer::Create(TokenizerAlphabet(spec)));
   return tok;
@@ -354,8 +357,8 @@ int64_t CheckTokenizer(Binder& b, TokenizerSpec& t) {
     return 0;
   }
   if ((*tok)->eos_id() < 0)
-    b.Error("tokenizer.path", (*tok)->origin() +
-                                  " names no eos_token (tokenizer_config.json): generation needs one");
+    b.Error("tokenizer.path",
+            (*tok)->origin() + " names no eos_token (tokenizer_config.json): generation needs one");
   return (*tok)->vocab_size();
 }
 

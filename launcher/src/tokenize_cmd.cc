@@ -14,15 +14,17 @@ CLI::App* AddTokenizeCommand(CLI::App& app, TokenizeArgs* a) {
       "tokenize",
       "tokenize stdin with a model folder's tokenizer.json: one line of text in, one JSON list "
       "of ids out (--decode: the reverse)");
-  cmd->add_option("dir", a->path, "model folder (tokenizer.json, tokenizer_config.json) or tokenizer.json")
+  cmd->add_option("dir", a->path,
+                  "model folder (tokenizer.json, tokenizer_config.json) or tokenizer.json")
       ->required();
   cmd->add_flag("--decode", a->decode, "read JSON lists of ids, write the text");
   cmd->add_flag("--no-special", a->no_special,
                 "encode without the post-processor's special tokens (BOS of Llama 3, ...); "
                 "the default adds them, as Hugging Face's tokenizer(text) does");
   cmd->add_flag("--skip-special", a->skip_special, "decode: leave out special tokens");
-  cmd->add_flag("--json", a->json,
-                "text lines are JSON strings (encode input, decode output), so text may hold newlines");
+  cmd->add_flag(
+      "--json", a->json,
+      "text lines are JSON strings (encode input, decode output), so text may hold newlines");
   return cmd;
 }
 

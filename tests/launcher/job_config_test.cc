@@ -113,7 +113,8 @@ class TokenizerFolder {
 TEST(JobConfig, HfTokenizerIsSelectedAndValidated) {
   ConfigFile job("hf", "name: h\n");
   TokenizerFolder folder(/*with_eos=*/true);
-  auto c = LoadJobConfig(job.path(), {"tokenizer.kind=hf", "tokenizer.path=" + folder.dir().string()});
+  auto c =
+      LoadJobConfig(job.path(), {"tokenizer.kind=hf", "tokenizer.path=" + folder.dir().string()});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->model.vocab_size, 6);  // the model follows the tokenizer's size
   auto tok = MakeTokenizer(c->tokenizer);
@@ -146,7 +147,8 @@ TEST(JobConfig, BadTokenizerSettingsNameTheKey) {
   };
   for (const Case& k : std::vector<Case>{
            {{"tokenizer.kind=hf"}, "key 'tokenizer.path': kind hf needs a model folder"},
-           {{"tokenizer.kind=hf", "tokenizer.path=/nonexistent/m"}, "key 'tokenizer.path': no tokenizer.json at /nonexistent/m"},
+           {{"tokenizer.kind=hf", "tokenizer.path=/nonexistent/m"},
+            "key 'tokenizer.path': no tokenizer.json at /nonexistent/m"},
            {{"tokenizer.kind=bpe"}, "key 'tokenizer.kind': must be char or hf, got 'bpe'"},
            {{"tokenizer.path=/x"}, "key 'tokenizer.path': is only for kind hf"},
            {{"tokenizer.kind=hf", "tokenizer.path=" + no_eos.dir().string()}, "names no eos_token"},

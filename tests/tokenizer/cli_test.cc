@@ -35,7 +35,7 @@ CliRun Tokenize(const std::string& args, const std::string& input) {
                     (dir / "err.txt").string() + "'";
   int status = std::system(cmd.c_str());
   CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, troupe::testing::Slurp(dir / "out.txt"),
-        troupe::testing::Slurp(dir / "err.txt")};
+           troupe::testing::Slurp(dir / "err.txt")};
   fs::remove_all(dir);
   return r;
 }
@@ -67,7 +67,8 @@ TEST(TokenizeCliTest, EncodesAndDecodesLikeTheLibrary) {
     for (size_t i = 0; i < texts.size(); ++i) {
       // Plain lines are text as written: "\\n" stays a backslash and an n.
       EXPECT_EQ(nlohmann::json::parse(lines[i]).get<std::vector<int32_t>>(),
-                *(*tok)->EncodeWithSpecialTokens(texts[i])) << package << ": " << texts[i];
+                *(*tok)->EncodeWithSpecialTokens(texts[i]))
+          << package << ": " << texts[i];
       ids_input += lines[i] + "\n";
     }
     CliRun dec = Tokenize("--decode --skip-special '" + models.string() + "'", ids_input);
@@ -89,11 +90,13 @@ TEST(TokenizeCliTest, EncodesAndDecodesLikeTheLibrary) {
 TEST(TokenizeCliTest, ErrorsNameTheProblem) {
   CliRun missing = Tokenize("/nonexistent/folder", "x\n");
   EXPECT_EQ(missing.code, 1);
-  EXPECT_NE(missing.err.find("no tokenizer.json at /nonexistent/folder"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("no tokenizer.json at /nonexistent/folder"), std::string::npos)
+      << missing.err;
   std::string models = troupe::testing::LenmlModels("tokenizer-qwen3").string();
   CliRun bad = Tokenize("--decode '" + models + "'", "[1,2]\n[1,\"x\"]\n");
   EXPECT_EQ(bad.code, 1);
-  EXPECT_NE(bad.err.find("stdin line 2: not a JSON list of token ids"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("stdin line 2: not a JSON list of token ids"), std::string::npos)
+      << bad.err;
   CliRun range = Tokenize("--decode '" + models + "'", "[99999999]\n");
   EXPECT_EQ(range.code, 1);
   EXPECT_NE(range.err.find("token id 99999999 at position 0"), std::string::npos) << range.err;

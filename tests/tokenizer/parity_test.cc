@@ -42,9 +42,12 @@ using troupe::testing::Slurp;
 std::string Show(const std::string& s) {
   std::string out;
   for (unsigned char c : s.substr(0, 160)) {
-    if (c == '\\') out += "\\\\";
-    else if (c >= 0x20 && c < 0x7F) out.push_back(static_cast<char>(c));
-    else out += fmt::format("\\x{:02x}", c);
+    if (c == '\\')
+      out += "\\\\";
+    else if (c >= 0x20 && c < 0x7F)
+      out.push_back(static_cast<char>(c));
+    else
+      out += fmt::format("\\x{:02x}", c);
   }
   return s.size() > 160 ? out + "..." : out;
 }
@@ -72,7 +75,8 @@ void PutU32(std::string* s, uint32_t v) {
 }
 uint32_t GetU32(const std::string& s, size_t at) {
   uint32_t v = 0;
-  for (int k = 0; k < 4; ++k) v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + k])) << (8 * k);
+  for (int k = 0; k < 4; ++k)
+    v |= static_cast<uint32_t>(static_cast<unsigned char>(s[at + k])) << (8 * k);
   return v;
 }
 std::string IdsBody(const std::vector<int32_t>& ids) {
@@ -92,9 +96,10 @@ std::vector<Answer> RunReference(const fs::path& work, const fs::path& tokenizer
   }
   fs::path req = work / "requests.bin", resp = work / "answers.bin", err = work / "stderr.txt";
   std::ofstream(req, std::ios::binary) << in;
-  std::string cmd = fmt::format("cd '{}' && timeout 240 node tokenizer_reference.mjs '{}' '{}' < '{}' > '{}' 2> '{}'",
-                                NpmDir().string(), tokenizer.string(), config.string(), req.string(),
-                                resp.string(), err.string());
+  std::string cmd = fmt::format(
+      "cd '{}' && timeout 240 node tokenizer_reference.mjs '{}' '{}' < '{}' > '{}' 2> '{}'",
+      NpmDir().string(), tokenizer.string(), config.string(), req.string(), resp.string(),
+      err.string());
   int rc = std::system(cmd.c_str());
   std::vector<Answer> answers;
   if (rc != 0) {
@@ -113,7 +118,8 @@ std::vector<Answer> RunReference(const fs::path& work, const fs::path& tokenizer
     } else if (answers.size() < requests.size() &&
                (requests[answers.size()].op == 'E' || requests[answers.size()].op == 'S')) {
       uint32_t count = GetU32(body, 0);
-      for (uint32_t i = 0; i < count; ++i) a.ids.push_back(static_cast<int32_t>(GetU32(body, 4 + 4 * i)));
+      for (uint32_t i = 0; i < count; ++i)
+        a.ids.push_back(static_cast<int32_t>(GetU32(body, 4 + 4 * i)));
       if (requests[answers.size()].op == 'E') {
         size_t t = 4 + 4 * static_cast<size_t>(count);
         a.text = body.substr(t + 4, GetU32(body, t));
@@ -142,8 +148,8 @@ std::string Valid(const std::string& s) {
       ok = (d & 0xC0) == 0x80;
       cp = (cp << 6) | (d & 0x3F);
     }
-    ok = ok && !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) && !(len == 4 && cp < 0x10000) &&
-         cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    ok = ok && !(len == 2 && cp < 0x80) && !(len == 3 && cp < 0x800) &&
+         !(len == 4 && cp < 0x10000) && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
     if (ok) {
       out.append(s, i, static_cast<size_t>(len));
       i += static_cast<size_t>(len);
@@ -182,7 +188,9 @@ struct Case {
   nlohmann::json replace = nlohmann::json::object();
   bool lossy = false;  // the variant loses text by design (lowercases, drops spaces)
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class ParityTest : public ::testing::TestWithParam<Case> {};
 
@@ -190,7 +198,8 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
   const Case& c = GetParam();
   fs::path models = LenmlModels(c.package);
   ASSERT_TRUE(fs::exists(models / "tokenizer.json"))
-      << models << " is missing: run scripts/install-npm-reference.sh (scripts/install-deps.sh does)";
+      << models
+      << " is missing: run scripts/install-npm-reference.sh (scripts/install-deps.sh does)";
   fs::path work = fs::temp_directory_path() / fmt::format("troupe-tok-{}-{}", c.name, getpid());
   fs::create_directories(work);
   nlohmann::json tj = nlohmann::json::parse(Slurp(models / "tokenizer.json"));
@@ -244,9 +253,8 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
   }
 
   // The reference runs while we encode.
-  auto reference = std::async(std::launch::async, [&] {
-    return RunReference(work, tok_path, cfg_path, requests);
-  });
+  auto reference = std::async(std::launch::async,
+                              [&] { return RunReference(work, tok_path, cfg_path, requests); });
   std::vector<std::vector<int32_t>> ours(texts.size()), ours_special(texts.size());
   std::vector<std::string> our_text(texts.size());
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -269,8 +277,8 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
     if (e.ids != ours[i]) {
       ++id_mismatch;
       if (shown++ < 8)
-        ADD_FAILURE() << c.name << ": ids differ for '" << Show(texts[i]) << "'\n  ours " << ShowIds(ours[i])
-                      << "\n  ref  " << ShowIds(e.ids);
+        ADD_FAILURE() << c.name << ": ids differ for '" << Show(texts[i]) << "'\n  ours "
+                      << ShowIds(ours[i]) << "\n  ref  " << ShowIds(e.ids);
     } else if (e.text != our_text[i]) {
       ++text_mismatch;
       if (shown++ < 8)
@@ -279,7 +287,8 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
     }
     if (e.text == Valid(texts[i])) {
       ++round_trips;
-      EXPECT_EQ(our_text[i], e.text) << "the reference round-trips '" << Show(texts[i]) << "', we do not";
+      EXPECT_EQ(our_text[i], e.text)
+          << "the reference round-trips '" << Show(texts[i]) << "', we do not";
     }
     if (i % 8 == 0) {
       const Answer& s = answers[a++];
@@ -299,13 +308,15 @@ TEST_P(ParityTest, IdsAndTextMatchTheReference) {
       ++decode_mismatch;
       if (shown++ < 8)
         ADD_FAILURE() << c.name << ": decode(" << ShowIds(sequences[k]) << ", skip=" << (k % 2 == 0)
-                      << ") differs\n  ours '" << Show(*text) << "'\n  ref  '" << Show(e.text) << "'";
+                      << ") differs\n  ours '" << Show(*text) << "'\n  ref  '" << Show(e.text)
+                      << "'";
     }
   }
-  std::printf("[%s] %zu texts: %d id mismatches, %d decode mismatches, %d round-trip in the reference; "
-              "%zu id sequences: %d decode mismatches\n",
-              c.name.c_str(), texts.size(), id_mismatch, text_mismatch, round_trips, sequences.size(),
-              decode_mismatch);
+  std::printf(
+      "[%s] %zu texts: %d id mismatches, %d decode mismatches, %d round-trip in the reference; "
+      "%zu id sequences: %d decode mismatches\n",
+      c.name.c_str(), texts.size(), id_mismatch, text_mismatch, round_trips, sequences.size(),
+      decode_mismatch);
   EXPECT_EQ(id_mismatch, 0);
   EXPECT_EQ(text_mismatch, 0);
   EXPECT_EQ(decode_mismatch, 0);
@@ -365,17 +376,20 @@ TEST(RealTokenizerTest, VeryLongInputsRoundTrip) {
       ASSERT_TRUE(ids.ok()) << package << ": " << ids.status().ToString();
       auto text = tok->Decode(*ids);
       ASSERT_TRUE(text.ok());
-      EXPECT_EQ(*text == in, true) << package << ": a " << in.size() << "-byte text does not round-trip";
-      std::printf("[%s] %zu bytes -> %zu ids and back in %.0f ms\n", package, in.size(), ids->size(),
-                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      EXPECT_EQ(*text == in, true)
+          << package << ": a " << in.size() << "-byte text does not round-trip";
+      std::printf(
+          "[%s] %zu bytes -> %zu ids and back in %.0f ms\n", package, in.size(), ids->size(),
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   }
 }
 
 nlohmann::json Added(int id, const std::string& content, bool special, bool normalized, bool lstrip,
                      bool rstrip) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", lstrip},
-          {"rstrip", rstrip}, {"normalized", normalized}, {"special", special}};
+  return {{"id", id},          {"content", content}, {"single_word", false},
+          {"lstrip", lstrip},  {"rstrip", rstrip},   {"normalized", normalized},
+          {"special", special}};
 }
 
 using nlohmann::json;
@@ -386,38 +400,49 @@ const char kMeta[] = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 const json kManyNormalizers = {
     {"normalizer",
      {{"type", "Sequence"},
-      {"normalizers", json::array({{{"type", "NFKD"}},
-                                   {{"type", "StripAccents"}},
-                                   {{"type", "Lowercase"}},
-                                   {{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
-                                   {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}},
-                                   {{"type", "NFC"}}})}}}};
+      {"normalizers",
+       json::array({{{"type", "NFKD"}},
+                    {{"type", "StripAccents"}},
+                    {{"type", "Lowercase"}},
+                    {{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
+                    {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}},
+                    {{"type", "NFC"}}})}}}};
 // Mistral-style SentencePiece: a Metaspace pre-tokenizer instead of Llama 2's normalizer.
-const json kMetaspace = {
-    {"normalizer", nullptr},
-    {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", kMeta}, {"prepend_scheme", "first"}, {"split", false}}},
-    {"decoder", {{"type", "Sequence"},
-                 {"decoders", json::array({{{"type", "ByteFallback"}},
-                                           {{"type", "Fuse"}},
-                                           {{"type", "Metaspace"}, {"replacement", kMeta},
-                                            {"prepend_scheme", "first"}, {"split", false}}})}}}};
+const json kMetaspace = {{"normalizer", nullptr},
+                         {"pre_tokenizer",
+                          {{"type", "Metaspace"},
+                           {"replacement", kMeta},
+                           {"prepend_scheme", "first"},
+                           {"split", false}}},
+                         {"decoder",
+                          {{"type", "Sequence"},
+                           {"decoders", json::array({{{"type", "ByteFallback"}},
+                                                     {{"type", "Fuse"}},
+                                                     {{"type", "Metaspace"},
+                                                      {"replacement", kMeta},
+                                                      {"prepend_scheme", "first"},
+                                                      {"split", false}}})}}}};
 // Other pre-tokenizers in a Sequence ending in ByteLevel.
 const json kSplits = {
     {"pre_tokenizer",
      {{"type", "Sequence"},
       {"pretokenizers",
-       json::array({{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}, {"invert", false}},
+       json::array({{{"type", "Split"},
+                     {"pattern", {{"Regex", "\\s+"}}},
+                     {"behavior", "Removed"},
+                     {"invert", false}},
                     {{"type", "Digits"}, {"individual_digits", true}},
                     {{"type", "Replace"}, {"pattern", {{"String", "ab"}}}, {"content", "b"}},
-                    {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", false}}})}}}};
+                    {{"type", "ByteLevel"},
+                     {"add_prefix_space", true},
+                     {"trim_offsets", true},
+                     {"use_regex", false}}})}}}};
 
 INSTANTIATE_TEST_SUITE_P(
     RealTokenizers, ParityTest,
     ::testing::Values(
-        Case{"qwen3", "tokenizer-qwen3", 20000},
-        Case{"llama3_1", "tokenizer-llama3_1", 20000},
-        Case{"llama2", "tokenizer-llama2", 20000},
-        Case{"gpt2", "tokenizer-gpt2", 20000},
+        Case{"qwen3", "tokenizer-qwen3", 20000}, Case{"llama3_1", "tokenizer-llama3_1", 20000},
+        Case{"llama2", "tokenizer-llama2", 20000}, Case{"gpt2", "tokenizer-gpt2", 20000},
         Case{"llama3", "tokenizer-llama3", 3000},
         Case{"llama2_added", "tokenizer-llama2", 3000,
              nlohmann::json::array({Added(32000, "<tool_call>", false, true, true, false),
@@ -425,10 +450,17 @@ INSTANTIATE_TEST_SUITE_P(
                                     Added(32002, "hello world", false, true, false, false),
                                     Added(32003, " spaced ", false, false, true, true)})},
         Case{"qwen3_added", "tokenizer-qwen3", 3000,
-             nlohmann::json::array({Added(151669, "e\xCC\x81" "clair", false, true, false, false),
+             nlohmann::json::array({Added(151669,
+                                          "e\xCC\x81"
+                                          "clair",
+                                          false, true, false, false),
                                     Added(151670, "<|mask|>", true, false, true, true),
                                     Added(151671, "\xEF\xAC\x81le", false, true, true, false)})},
-        Case{"qwen3_nfkc", "tokenizer-qwen3", 3000, json::array(), {{"normalizer", {{"type", "NFKC"}}}}},
+        Case{"qwen3_nfkc",
+             "tokenizer-qwen3",
+             3000,
+             json::array(),
+             {{"normalizer", {{"type", "NFKC"}}}}},
         Case{"gpt2_normalizers", "tokenizer-gpt2", 3000, json::array(), kManyNormalizers, true},
         Case{"llama2_metaspace", "tokenizer-llama2", 3000, json::array(), kMetaspace},
         Case{"gpt2_splits", "tokenizer-gpt2", 3000, json::array(), kSplits, true}),

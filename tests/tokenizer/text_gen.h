@@ -20,10 +20,23 @@ namespace troupe::testing {
 
 class TextGen {
  public:
-  enum Family { kProse, kCode, kCjk, kEmoji, kNumbers, kWhitespace, kSpecial, kInvalid, kUnicode, kMixed, kFamilies };
+  enum Family {
+    kProse,
+    kCode,
+    kCjk,
+    kEmoji,
+    kNumbers,
+    kWhitespace,
+    kSpecial,
+    kInvalid,
+    kUnicode,
+    kMixed,
+    kFamilies
+  };
 
   // `specials`: texts of the tokenizer's added tokens (for the special family).
-  TextGen(uint64_t seed, std::vector<std::string> specials) : rng_(seed), specials_(std::move(specials)) {}
+  TextGen(uint64_t seed, std::vector<std::string> specials)
+      : rng_(seed), specials_(std::move(specials)) {}
 
   std::string Next() {
     static const int kWeights[kFamilies] = {20, 12, 10, 8, 8, 8, 10, 6, 10, 8};
@@ -33,15 +46,24 @@ class TextGen {
 
   std::string Make(Family f) {
     switch (f) {
-      case kProse: return Prose(Int(1, 12));
-      case kCode: return Code(Int(1, 3));
-      case kCjk: return Cjk(Int(1, 16));
-      case kEmoji: return Emoji(Int(1, 6));
-      case kNumbers: return Numbers(Int(1, 5));
-      case kWhitespace: return Whitespace(Int(1, 4));
-      case kSpecial: return Special(Int(1, 5));
-      case kInvalid: return Invalid(Int(1, 8));
-      case kUnicode: return Unicode(Int(1, 16));
+      case kProse:
+        return Prose(Int(1, 12));
+      case kCode:
+        return Code(Int(1, 3));
+      case kCjk:
+        return Cjk(Int(1, 16));
+      case kEmoji:
+        return Emoji(Int(1, 6));
+      case kNumbers:
+        return Numbers(Int(1, 5));
+      case kWhitespace:
+        return Whitespace(Int(1, 4));
+      case kSpecial:
+        return Special(Int(1, 5));
+      case kInvalid:
+        return Invalid(Int(1, 8));
+      case kUnicode:
+        return Unicode(Int(1, 16));
       default: {
         std::string s;
         for (int k = Int(2, 3); k > 0; --k) s += Make(static_cast<Family>(Int(0, kMixed - 1)));
@@ -52,27 +74,146 @@ class TextGen {
 
   // Prose of `words` words (also used by benchmarks for realistic text).
   std::string Prose(int words) {
-    static const char* const kWords[] = {
-        "the", "of", "and", "a", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on",
-        "are", "as", "with", "his", "they", "I", "at", "be", "this", "have", "from", "or", "one",
-        "had", "by", "word", "but", "not", "what", "all", "were", "we", "when", "your", "can",
-        "said", "there", "use", "an", "each", "which", "she", "do", "how", "their", "if", "will",
-        "up", "other", "about", "out", "many", "then", "them", "these", "so", "some", "her",
-        "would", "make", "like", "him", "into", "time", "has", "look", "two", "more", "write",
-        "go", "see", "number", "no", "way", "could", "people", "my", "than", "first", "water",
-        "been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get",
-        "come", "made", "may", "part", "reinforcement", "learning", "policy", "gradient",
-        "tokenizer", "asynchronous", "actor", "reward", "Hello", "World", "Troupe", "GRPO",
-        "naïve", "café", "résumé", "Zürich", "coöperate", "façade", "HTTPServer", "iPhone",
-        "don't", "it's", "we're", "they've", "I'm", "you'll", "he'd", "IT'S", "WE'LL", "O'Neil"};
-    static const char* const kPunct[] = {".", ",", "!", "?", ";", ":", " -", " —", "...", "\"",
-                                         "'", "(", ")", " (", "...)", "’s", "“", "”"};
+    static const char* const kWords[] = {"the",
+                                         "of",
+                                         "and",
+                                         "a",
+                                         "to",
+                                         "in",
+                                         "is",
+                                         "you",
+                                         "that",
+                                         "it",
+                                         "he",
+                                         "was",
+                                         "for",
+                                         "on",
+                                         "are",
+                                         "as",
+                                         "with",
+                                         "his",
+                                         "they",
+                                         "I",
+                                         "at",
+                                         "be",
+                                         "this",
+                                         "have",
+                                         "from",
+                                         "or",
+                                         "one",
+                                         "had",
+                                         "by",
+                                         "word",
+                                         "but",
+                                         "not",
+                                         "what",
+                                         "all",
+                                         "were",
+                                         "we",
+                                         "when",
+                                         "your",
+                                         "can",
+                                         "said",
+                                         "there",
+                                         "use",
+                                         "an",
+                                         "each",
+                                         "which",
+                                         "she",
+                                         "do",
+                                         "how",
+                                         "their",
+                                         "if",
+                                         "will",
+                                         "up",
+                                         "other",
+                                         "about",
+                                         "out",
+                                         "many",
+                                         "then",
+                                         "them",
+                                         "these",
+                                         "so",
+                                         "some",
+                                         "her",
+                                         "would",
+                                         "make",
+                                         "like",
+                                         "him",
+                                         "into",
+                                         "time",
+                                         "has",
+                                         "look",
+                                         "two",
+                                         "more",
+                                         "write",
+                                         "go",
+                                         "see",
+                                         "number",
+                                         "no",
+                                         "way",
+                                         "could",
+                                         "people",
+                                         "my",
+                                         "than",
+                                         "first",
+                                         "water",
+                                         "been",
+                                         "call",
+                                         "who",
+                                         "oil",
+                                         "its",
+                                         "now",
+                                         "find",
+                                         "long",
+                                         "down",
+                                         "day",
+                                         "did",
+                                         "get",
+                                         "come",
+                                         "made",
+                                         "may",
+                                         "part",
+                                         "reinforcement",
+                                         "learning",
+                                         "policy",
+                                         "gradient",
+                                         "tokenizer",
+                                         "asynchronous",
+                                         "actor",
+                                         "reward",
+                                         "Hello",
+                                         "World",
+                                         "Troupe",
+                                         "GRPO",
+                                         "naïve",
+                                         "café",
+                                         "résumé",
+                                         "Zürich",
+                                         "coöperate",
+                                         "façade",
+                                         "HTTPServer",
+                                         "iPhone",
+                                         "don't",
+                                         "it's",
+                                         "we're",
+                                         "they've",
+                                         "I'm",
+                                         "you'll",
+                                         "he'd",
+                                         "IT'S",
+                                         "WE'LL",
+                                         "O'Neil"};
+    static const char* const kPunct[] = {".",  ",", "!", "?", ";",  ":",    " -", " —", "...",
+                                         "\"", "'", "(", ")", " (", "...)", "’s", "“",  "”"};
     std::string s;
     for (int w = 0; w < words; ++w) {
       if (w > 0) s += Chance(0.05) ? "  " : " ";
       std::string word = kWords[Int(0, static_cast<int>(std::size(kWords)) - 1)];
-      if (Chance(0.1)) word[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(word[0])));
-      if (Chance(0.03)) for (auto& c : word) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      if (Chance(0.1))
+        word[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(word[0])));
+      if (Chance(0.03))
+        for (auto& c : word) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       s += word;
       if (Chance(0.15)) s += kPunct[Int(0, static_cast<int>(std::size(kPunct)) - 1)];
       if (Chance(0.03)) s += Chance(0.5) ? "\n" : "\n\n";
@@ -81,14 +222,29 @@ class TextGen {
   }
 
   std::string Code(int lines) {
-    static const char* const kLines[] = {
-        "def f(x, y=2):", "return x ** 2 + y", "for i in range(10):", "if (a != b && c >= 0) {",
-        "}", "int main(int argc, char** argv) {", "printf(\"%d\\n\", argc);", "x += 1;  // count",
-        "#include <vector>", "const auto& [k, v] : map", "{\"key\": [1, 2.5e-3, null, true]}",
-        "SELECT * FROM t WHERE id = 42;", "<div class=\"a\">&nbsp;</div>", "let s = `${a}${b}`;",
-        "fn main() -> Result<(), Box<dyn Error>> {", "x=[i*i for i in xs if i%2==0]",
-        "    raise ValueError(f\"bad {x!r}\")", "a<<=3; b>>>=1; c ||= d ?? e;", "@dataclass",
-        "class Foo(Bar):", "\"\"\"Docstring.\"\"\"", "else:", "try { throw new Error('x'); }"};
+    static const char* const kLines[] = {"def f(x, y=2):",
+                                         "return x ** 2 + y",
+                                         "for i in range(10):",
+                                         "if (a != b && c >= 0) {",
+                                         "}",
+                                         "int main(int argc, char** argv) {",
+                                         "printf(\"%d\\n\", argc);",
+                                         "x += 1;  // count",
+                                         "#include <vector>",
+                                         "const auto& [k, v] : map",
+                                         "{\"key\": [1, 2.5e-3, null, true]}",
+                                         "SELECT * FROM t WHERE id = 42;",
+                                         "<div class=\"a\">&nbsp;</div>",
+                                         "let s = `${a}${b}`;",
+                                         "fn main() -> Result<(), Box<dyn Error>> {",
+                                         "x=[i*i for i in xs if i%2==0]",
+                                         "    raise ValueError(f\"bad {x!r}\")",
+                                         "a<<=3; b>>>=1; c ||= d ?? e;",
+                                         "@dataclass",
+                                         "class Foo(Bar):",
+                                         "\"\"\"Docstring.\"\"\"",
+                                         "else:",
+                                         "try { throw new Error('x'); }"};
     static const char* const kIndent[] = {"", "  ", "    ", "\t", "\t\t", "        ", "   "};
     static const char* const kEol[] = {"\n", "\n", "\n", "\r\n", "\n\n", " \n", "\t\n"};
     std::string s;
@@ -104,14 +260,32 @@ class TextGen {
     std::string s;
     for (int i = 0; i < n; ++i) {
       switch (Int(0, 9)) {
-        case 0: case 1: case 2: Append(Int(0x4E00, 0x9FFF), &s); break;
-        case 3: Append(Int(0x3041, 0x3096), &s); break;
-        case 4: Append(Int(0x30A1, 0x30FA), &s); break;
-        case 5: Append(Int(0xAC00, 0xD7A3), &s); break;
-        case 6: Append(Pick({0x3001, 0x3002, 0x300C, 0x300D, 0xFF0C, 0xFF01, 0xFF1F, 0x30FC}), &s); break;
-        case 7: Append(Int(0xFF01, 0xFF5E), &s); break;
-        case 8: s += Chance(0.5) ? " " : "Tokyo"; break;
-        default: Append(Int(0x3400, 0x4DBF), &s); break;
+        case 0:
+        case 1:
+        case 2:
+          Append(Int(0x4E00, 0x9FFF), &s);
+          break;
+        case 3:
+          Append(Int(0x3041, 0x3096), &s);
+          break;
+        case 4:
+          Append(Int(0x30A1, 0x30FA), &s);
+          break;
+        case 5:
+          Append(Int(0xAC00, 0xD7A3), &s);
+          break;
+        case 6:
+          Append(Pick({0x3001, 0x3002, 0x300C, 0x300D, 0xFF0C, 0xFF01, 0xFF1F, 0x30FC}), &s);
+          break;
+        case 7:
+          Append(Int(0xFF01, 0xFF5E), &s);
+          break;
+        case 8:
+          s += Chance(0.5) ? " " : "Tokyo";
+          break;
+        default:
+          Append(Int(0x3400, 0x4DBF), &s);
+          break;
       }
     }
     return s;
@@ -121,16 +295,31 @@ class TextGen {
     std::string s;
     for (int i = 0; i < n; ++i) {
       switch (Int(0, 7)) {
-        case 0: Append(Int(0x1F600, 0x1F64F), &s); break;
-        case 1: Append(Int(0x1F300, 0x1F5FF), &s); break;
-        case 2: Append(Int(0x1F680, 0x1F6C5), &s); break;
-        case 3:  // family: ZWJ sequence
-          Append(0x1F468, &s), Append(0x200D, &s), Append(0x1F469, &s), Append(0x200D, &s), Append(0x1F467, &s);
+        case 0:
+          Append(Int(0x1F600, 0x1F64F), &s);
           break;
-        case 4: Append(Pick({0x1F44D, 0x1F44B, 0x270B}), &s), Append(Int(0x1F3FB, 0x1F3FF), &s); break;
-        case 5: Append(Int(0x1F1E6, 0x1F1FF), &s), Append(Int(0x1F1E6, 0x1F1FF), &s); break;  // flag
-        case 6: Append(Pick({0x2764, 0x2600, 0x2614, 0x26A1}), &s), Append(0xFE0F, &s); break;
-        default: s += Chance(0.5) ? " " : " ok"; break;
+        case 1:
+          Append(Int(0x1F300, 0x1F5FF), &s);
+          break;
+        case 2:
+          Append(Int(0x1F680, 0x1F6C5), &s);
+          break;
+        case 3:  // family: ZWJ sequence
+          Append(0x1F468, &s), Append(0x200D, &s), Append(0x1F469, &s), Append(0x200D, &s),
+              Append(0x1F467, &s);
+          break;
+        case 4:
+          Append(Pick({0x1F44D, 0x1F44B, 0x270B}), &s), Append(Int(0x1F3FB, 0x1F3FF), &s);
+          break;
+        case 5:
+          Append(Int(0x1F1E6, 0x1F1FF), &s), Append(Int(0x1F1E6, 0x1F1FF), &s);
+          break;  // flag
+        case 6:
+          Append(Pick({0x2764, 0x2600, 0x2614, 0x26A1}), &s), Append(0xFE0F, &s);
+          break;
+        default:
+          s += Chance(0.5) ? " " : " ok";
+          break;
       }
     }
     return s;
@@ -141,24 +330,43 @@ class TextGen {
     for (int i = 0; i < n; ++i) {
       if (i > 0) s += Chance(0.7) ? " " : "";
       switch (Int(0, 8)) {
-        case 0: s += Digits(Int(1, 25)); break;
-        case 1: s += Digits(Int(1, 6)) + "." + Digits(Int(1, 6)); break;
-        case 2: s += Digits(Int(1, 3)) + "," + Digits(3) + "," + Digits(3); break;
-        case 3: s += "-" + Digits(Int(1, 4)) + "e" + (Chance(0.5) ? "-" : "+") + Digits(2); break;
-        case 4: for (int k = Int(1, 6); k > 0; --k) Append(Int(0x0660, 0x0669), &s); break;
-        case 5: for (int k = Int(1, 6); k > 0; --k) Append(Int(0x0966, 0x096F), &s); break;
-        case 6: for (int k = Int(1, 6); k > 0; --k) Append(Int(0xFF10, 0xFF19), &s); break;
-        case 7: Append(Pick({0x00B2, 0x00B3, 0x00B9, 0x00BD, 0x2153, 0x216B, 0x2460, 0x2070}), &s); break;
-        default: s += "$" + Digits(Int(1, 5)) + "%"; break;
+        case 0:
+          s += Digits(Int(1, 25));
+          break;
+        case 1:
+          s += Digits(Int(1, 6)) + "." + Digits(Int(1, 6));
+          break;
+        case 2:
+          s += Digits(Int(1, 3)) + "," + Digits(3) + "," + Digits(3);
+          break;
+        case 3:
+          s += "-" + Digits(Int(1, 4)) + "e" + (Chance(0.5) ? "-" : "+") + Digits(2);
+          break;
+        case 4:
+          for (int k = Int(1, 6); k > 0; --k) Append(Int(0x0660, 0x0669), &s);
+          break;
+        case 5:
+          for (int k = Int(1, 6); k > 0; --k) Append(Int(0x0966, 0x096F), &s);
+          break;
+        case 6:
+          for (int k = Int(1, 6); k > 0; --k) Append(Int(0xFF10, 0xFF19), &s);
+          break;
+        case 7:
+          Append(Pick({0x00B2, 0x00B3, 0x00B9, 0x00BD, 0x2153, 0x216B, 0x2460, 0x2070}), &s);
+          break;
+        default:
+          s += "$" + Digits(Int(1, 5)) + "%";
+          break;
       }
     }
     return s;
   }
 
   std::string Whitespace(int n) {
-    static const char32_t kSpaces[] = {' ', '\t', '\n', '\r', 0x0B, 0x0C, 0x00A0, 0x1680, 0x2000,
-                                       0x2003, 0x2009, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F,
-                                       0x3000, 0x0085, 0xFEFF, 0x200B, 0x180E, 0x001C, 0x001F};
+    static const char32_t kSpaces[] = {' ',    '\t',   '\n',   '\r',   0x0B,   0x0C,
+                                       0x00A0, 0x1680, 0x2000, 0x2003, 0x2009, 0x200A,
+                                       0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0x0085,
+                                       0xFEFF, 0x200B, 0x180E, 0x001C, 0x001F};
     std::string s;
     for (int i = 0; i < n; ++i) {
       int run = Chance(0.05) ? Int(10, 80) : Int(1, 4);
@@ -181,9 +389,12 @@ class TextGen {
         s += Prose(Int(1, 4));
         continue;
       }
-      std::string t = specials_[static_cast<size_t>(Int(0, static_cast<int>(specials_.size()) - 1))];
-      if (kind == 3 && t.size() > 2) t = t.substr(0, static_cast<size_t>(Int(1, static_cast<int>(t.size()) - 1)));
-      if (kind == 4) for (auto& c : t) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      std::string t =
+          specials_[static_cast<size_t>(Int(0, static_cast<int>(specials_.size()) - 1))];
+      if (kind == 3 && t.size() > 2)
+        t = t.substr(0, static_cast<size_t>(Int(1, static_cast<int>(t.size()) - 1)));
+      if (kind == 4)
+        for (auto& c : t) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       if (Chance(0.3)) s += Chance(0.5) ? " " : "\n";
       s += t;
       if (Chance(0.3)) s += Chance(0.5) ? " " : "  ";
@@ -193,16 +404,25 @@ class TextGen {
   }
 
   std::string Invalid(int n) {
-    static const char* const kBad[] = {"\x80", "\xBF", "\xC0\xAF", "\xC1\xBF", "\xE0\x80\xAF",
-                                       "\xED\xA0\x80", "\xED\xBF\xBF", "\xF4\x90\x80\x80",
-                                       "\xF5\x80", "\xFE", "\xFF", "\xE6\x97", "\xF0\x9F\x98",
-                                       "\xC3", "\xE2\x82", "\x80\x80\x80", "\xEF\xBB\xBF", "\xF8\x88\x80\x80\x80"};
+    static const char* const kBad[] = {"\x80",         "\xBF",
+                                       "\xC0\xAF",     "\xC1\xBF",
+                                       "\xE0\x80\xAF", "\xED\xA0\x80",
+                                       "\xED\xBF\xBF", "\xF4\x90\x80\x80",
+                                       "\xF5\x80",     "\xFE",
+                                       "\xFF",         "\xE6\x97",
+                                       "\xF0\x9F\x98", "\xC3",
+                                       "\xE2\x82",     "\x80\x80\x80",
+                                       "\xEF\xBB\xBF", "\xF8\x88\x80\x80\x80"};
     std::string s;
     for (int i = 0; i < n; ++i) {
-      if (Chance(0.5)) s += kBad[Int(0, static_cast<int>(std::size(kBad)) - 1)];
-      else if (Chance(0.3)) for (int k = Int(1, 6); k > 0; --k) s.push_back(static_cast<char>(Int(0x80, 0xFF)));
-      else if (Chance(0.3)) for (int k = Int(1, 6); k > 0; --k) s.push_back(static_cast<char>(Int(0, 255)));
-      else s += Chance(0.5) ? Prose(Int(1, 3)) : Cjk(Int(1, 3));
+      if (Chance(0.5))
+        s += kBad[Int(0, static_cast<int>(std::size(kBad)) - 1)];
+      else if (Chance(0.3))
+        for (int k = Int(1, 6); k > 0; --k) s.push_back(static_cast<char>(Int(0x80, 0xFF)));
+      else if (Chance(0.3))
+        for (int k = Int(1, 6); k > 0; --k) s.push_back(static_cast<char>(Int(0, 255)));
+      else
+        s += Chance(0.5) ? Prose(Int(1, 3)) : Cjk(Int(1, 3));
     }
     return s;
   }
@@ -211,8 +431,12 @@ class TextGen {
     std::string s;
     for (int i = 0; i < n; ++i) {
       switch (Int(0, 7)) {
-        case 0: Append(AnyAssigned(0x20, 0xFFFF), &s); break;
-        case 1: Append(AnyAssigned(0x10000, 0x10FFFF), &s); break;
+        case 0:
+          Append(AnyAssigned(0x20, 0xFFFF), &s);
+          break;
+        case 1:
+          Append(AnyAssigned(0x10000, 0x10FFFF), &s);
+          break;
         case 2:  // base + combining marks: NFC composes some
           Append(Pick({'e', 'a', 'o', 'n', 'A', 'u', 0x3B1, 0x438}), &s);
           for (int k = Int(1, 3); k > 0; --k) Append(Int(0x0300, 0x036F), &s);
@@ -223,13 +447,18 @@ class TextGen {
           break;
         case 4:  // compatibility characters (NFKC changes them)
           Append(Pick({0xFB01, 0xFB02, 0x2460, 0xFF21, 0x3300, 0x2126, 0x212B, 0x1E9B, 0x00BD,
-                       0x2162, 0x33A1, 0xFE64, 0x2024, 0x00A8}), &s);
+                       0x2162, 0x33A1, 0xFE64, 0x2024, 0x00A8}),
+                 &s);
           break;
         case 5:  // case-mapping oddities
           Append(Pick({0x130, 0x131, 0x17F, 0x212A, 0x3A3, 0x3C2, 0xDF, 0x1E9E, 0x149}), &s);
           break;
-        case 6: Append(AnyAssigned(0x0370, 0x2FFF), &s); break;
-        default: s += Chance(0.5) ? " " : Prose(1); break;
+        case 6:
+          Append(AnyAssigned(0x0370, 0x2FFF), &s);
+          break;
+        default:
+          s += Chance(0.5) ? " " : Prose(1);
+          break;
       }
     }
     return s;
@@ -270,7 +499,9 @@ class TextGen {
       if (Assigned14(c)) return c;
     }
   }
-  int Pick(std::initializer_list<int> xs) { return *(xs.begin() + Int(0, static_cast<int>(xs.size()) - 1)); }
+  int Pick(std::initializer_list<int> xs) {
+    return *(xs.begin() + Int(0, static_cast<int>(xs.size()) - 1));
+  }
   std::string Digits(int n) {
     std::string d;
     for (int k = 0; k < n; ++k) d.push_back(static_cast<char>('0' + Int(0, 9)));

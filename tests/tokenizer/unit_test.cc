@@ -63,7 +63,7 @@ TEST(PatternTest, QuantifiersFollowOniguruma) {
   EXPECT_EQ(Matches("\\p{N}{1,3}+", "1234567"), "1234567");
   EXPECT_EQ(Matches("\\p{N}{1,3}", "1234567"), "123|456|7");
   EXPECT_EQ(Matches("a{,2}", "aaa"), "aa|a");
-  EXPECT_EQ(Matches("a++b", "aab"), "aab");  // possessive dropped, as in the reference
+  EXPECT_EQ(Matches("a++b", "aab"), "aab");    // possessive dropped, as in the reference
   EXPECT_EQ(Matches("a{x}", "a{x}"), "a{x}");  // not a quantifier: literal braces
 }
 
@@ -105,11 +105,15 @@ TEST(Utf8Test, IllFormedSubpartsBecomeOneReplacementEach) {
     return out;
   };
   const std::string r = "\xEF\xBF\xBD";
-  EXPECT_EQ(fix("a\x80" "b"), "a" + r + "b");
-  EXPECT_EQ(fix("\xC0\xAF"), r + r);                  // overlong: two
-  EXPECT_EQ(fix("\xE0\x80\xAF"), r + r + r);          // overlong: three
-  EXPECT_EQ(fix("\xED\xA0\x80"), r + r + r);          // a surrogate: three
-  EXPECT_EQ(fix("\xF0\x9F\x98" "x"), r + "x");        // truncated 4-byte: one
+  EXPECT_EQ(fix("a\x80"
+                "b"),
+            "a" + r + "b");
+  EXPECT_EQ(fix("\xC0\xAF"), r + r);          // overlong: two
+  EXPECT_EQ(fix("\xE0\x80\xAF"), r + r + r);  // overlong: three
+  EXPECT_EQ(fix("\xED\xA0\x80"), r + r + r);  // a surrogate: three
+  EXPECT_EQ(fix("\xF0\x9F\x98"
+                "x"),
+            r + "x");                                 // truncated 4-byte: one
   EXPECT_EQ(fix("\xF4\x90\x80\x80"), r + r + r + r);  // above U+10FFFF: four
   EXPECT_EQ(fix("\xE6\x97\xA5\xEF\xBB\xBF"), "\xE6\x97\xA5\xEF\xBB\xBF");
   EXPECT_FALSE(hf::IsValidUtf8("abc\xFF"));
@@ -134,21 +138,27 @@ json ByteLevelTokenizer(const std::vector<std::pair<std::string, std::string>>& 
     m.push_back(ByteChars(a) + " " + ByteChars(b));
     if (!vocab.contains(ByteChars(a + b))) vocab[ByteChars(a + b)] = next++;
   }
-  return {{"version", "1.0"},
-          {"truncation", nullptr},
-          {"padding", nullptr},
-          {"added_tokens", json::array()},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"post_processor", nullptr},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}}};
+  return {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}}};
 }
 
 json Added(int id, const std::string& content, bool special, bool single_word = false,
            bool lstrip = false, bool rstrip = false, bool normalized = false) {
-  return {{"id", id}, {"content", content}, {"special", special}, {"single_word", single_word},
-          {"lstrip", lstrip}, {"rstrip", rstrip}, {"normalized", normalized}};
+  return {{"id", id},
+          {"content", content},
+          {"special", special},
+          {"single_word", single_word},
+          {"lstrip", lstrip},
+          {"rstrip", rstrip},
+          {"normalized", normalized}};
 }
 
 std::unique_ptr<HfTokenizer> Make(const json& j, const json& config = json()) {
@@ -214,7 +224,8 @@ TEST(AddedTokenTest, NormalizedTokensMatchAfterTheNormalizer) {
   json j = ByteLevelTokenizer({});
   j["normalizer"] = {{"type", "NFC"}};
   // "e" + COMBINING ACUTE, normalized: matches the NFC text "é" (and its decomposed form).
-  j["added_tokens"].push_back(Added(400, "e\xCC\x81", false, false, false, false, /*normalized=*/true));
+  j["added_tokens"].push_back(
+      Added(400, "e\xCC\x81", false, false, false, false, /*normalized=*/true));
   auto tok = Make(j);
   EXPECT_EQ(*tok->Encode("caf\xC3\xA9"), (std::vector<int32_t>{'c', 'a', 'f', 400}));
   EXPECT_EQ(*tok->Encode("cafe\xCC\x81"), (std::vector<int32_t>{'c', 'a', 'f', 400}));
@@ -224,19 +235,22 @@ TEST(SpecialIdsTest, ComeFromTheConfigOrTheTemplate) {
   json j = ByteLevelTokenizer({});
   j["added_tokens"].push_back(Added(400, "<s>", true));
   j["added_tokens"].push_back(Added(401, "</s>", true));
-  j["post_processor"] = {{"type", "TemplateProcessing"},
-                         {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-                                                 {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}})},
-                         {"pair", json::array()},
-                         {"special_tokens", json::object()}};
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                              {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}})},
+      {"pair", json::array()},
+      {"special_tokens", json::object()}};
   auto bare = Make(j);
   EXPECT_EQ(bare->bos_id(), 400);
   EXPECT_EQ(bare->eos_id(), 401);
   EXPECT_EQ(bare->pad_id(), 401);  // no pad token: EOS pads
   EXPECT_EQ(*bare->EncodeWithSpecialTokens("a"), (std::vector<int32_t>{400, 'a', 401}));
-  EXPECT_EQ(*bare->Encode("a", /*add_bos=*/true, /*add_eos=*/true), (std::vector<int32_t>{400, 'a', 401}));
-  auto configured = Make(j, {{"bos_token", nullptr}, {"eos_token", {{"content", "<s>"}}}, {"pad_token", "</s>"}});
+  EXPECT_EQ(*bare->Encode("a", /*add_bos=*/true, /*add_eos=*/true),
+            (std::vector<int32_t>{400, 'a', 401}));
+  auto configured =
+      Make(j, {{"bos_token", nullptr}, {"eos_token", {{"content", "<s>"}}}, {"pad_token", "</s>"}});
   EXPECT_EQ(configured->bos_id(), -1);
   EXPECT_EQ(configured->eos_id(), 400);
   EXPECT_EQ(configured->pad_id(), 401);
@@ -245,7 +259,8 @@ TEST(SpecialIdsTest, ComeFromTheConfigOrTheTemplate) {
   auto wrong = HfTokenizer::FromJson(j.dump(), json({{"eos_token", "<nope>"}}).dump(), "t.json");
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("eos_token: token '<nope>' is not in the vocabulary"),
-            std::string::npos) << wrong.status().message();
+            std::string::npos)
+      << wrong.status().message();
 }
 
 TEST(SpecialIdsTest, CleanUpSpacesFollowsTheConfig) {
@@ -268,7 +283,10 @@ TEST(DecodeTest, PartialCharactersBecomeReplacementCharacters) {
 
 TEST(DecodeTest, InvalidInputIsRepairedLikeTheReference) {
   auto tok = Make(ByteLevelTokenizer({}), {{"clean_up_tokenization_spaces", false}});
-  EXPECT_EQ(*tok->Decode(*tok->Encode("a\xFF" "b")), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(*tok->Decode(*tok->Encode("a\xFF"
+                                      "b")),
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST(ErrorsTest, UnsupportedComponentsAreRefusedByNameAndFile) {
@@ -290,21 +308,26 @@ TEST(ErrorsTest, UnsupportedComponentsAreRefusedByNameAndFile) {
   });
   EXPECT_TRUE(has(e, "pre_tokenizer.pretokenizers[0]: pre-tokenizer type 'Whitespace'")) << e;
   e = error_of([](json& j) {
-    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Contiguous"}, {"invert", false}};
+    j["pre_tokenizer"] = {{"type", "Split"},
+                          {"pattern", {{"String", " "}}},
+                          {"behavior", "Contiguous"},
+                          {"invert", false}};
   });
   EXPECT_TRUE(has(e, "Split behavior 'Contiguous' is not supported")) << e;
   e = error_of([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}}; });
   EXPECT_TRUE(has(e, "Metaspace without split=false")) << e;
   e = error_of([](json& j) {
-    j["pre_tokenizer"] = {{"type", "Sequence"},
-                          {"pretokenizers", json::array({{{"type", "ByteLevel"}}, {{"type", "Digits"}}})}};
+    j["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers", json::array({{{"type", "ByteLevel"}}, {{"type", "Digits"}}})}};
   });
   EXPECT_TRUE(has(e, "a ByteLevel pre-tokenizer must come last")) << e;
   e = error_of([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; });
   EXPECT_TRUE(has(e, "decoder type 'WordPiece'")) << e;
   e = error_of([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; });
   EXPECT_TRUE(has(e, "post-processor type 'RobertaProcessing'")) << e;
-  e = error_of([](json& j) { j["model"]["merges"].push_back(ByteChars("a") + " " + ByteChars("zz")); });
+  e = error_of(
+      [](json& j) { j["model"]["merges"].push_back(ByteChars("a") + " " + ByteChars("zz")); });
   EXPECT_TRUE(has(e, "merges[1]")) << e;
   e = error_of([](json& j) { j["model"]["dropout"] = 0.1; });
   EXPECT_TRUE(has(e, "dropout 0.1 is not supported")) << e;
@@ -314,7 +337,8 @@ TEST(ErrorsTest, UnsupportedComponentsAreRefusedByNameAndFile) {
   EXPECT_TRUE(has(e, "decoder: option 'frobnicate' is not supported")) << e;
   e = error_of([](json& j) { j["added_tokens"].push_back({{"id", 5}}); });
   EXPECT_TRUE(has(e, "added_tokens[0]")) << e;
-  EXPECT_TRUE(has(HfTokenizer::FromJson("{not json", "", "x.json").status().message(), "x.json: not a JSON object"));
+  EXPECT_TRUE(has(HfTokenizer::FromJson("{not json", "", "x.json").status().message(),
+                  "x.json: not a JSON object"));
   auto missing = HfTokenizer::Load("/nonexistent/model");
   ASSERT_FALSE(missing.ok());
   EXPECT_TRUE(has(missing.status().message(), "no tokenizer.json at /nonexistent/model"));
@@ -327,7 +351,8 @@ TEST(LoadTest, ReadsAFolderOrAFileWithItsConfig) {
   json j = ByteLevelTokenizer({});
   j["added_tokens"].push_back(Added(400, "<|end|>", true));
   std::ofstream(dir / "tokenizer.json") << j.dump();
-  std::ofstream(dir / "tokenizer_config.json") << json({{"eos_token", "<|end|>"}, {"chat_template", "{{x}}"}}).dump();
+  std::ofstream(dir / "tokenizer_config.json")
+      << json({{"eos_token", "<|end|>"}, {"chat_template", "{{x}}"}}).dump();
   for (const fs::path& p : {dir, dir / "tokenizer.json"}) {
     auto t = HfTokenizer::Load(p.string());
     ASSERT_TRUE(t.ok()) << t.status().ToString();

@@ -56,7 +56,9 @@ MergeScratch& Scratch() {
 
 }  // namespace
 
-char32_t ByteToChar(uint8_t byte) { return Alphabet().to_char[byte]; }
+char32_t ByteToChar(uint8_t byte) {
+  return Alphabet().to_char[byte];
+}
 
 int ByteOfChar(char32_t c) {
   if (c < 256) {
@@ -98,17 +100,18 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromParts(const nlohmann::json& mode
                                                       const std::vector<VocabEntry>& vocab,
                                                       const std::vector<MergeEntry>& merges,
                                                       bool byte_level, const std::string& where) {
-  TROUPE_RETURN_IF_ERROR(CheckKeys(model, where,
-                                   {"type", "vocab", "merges", "unk_token", "fuse_unk",
-                                    "byte_fallback", "ignore_merges", "dropout",
-                                    "continuing_subword_prefix", "end_of_word_suffix"}));
+  TROUPE_RETURN_IF_ERROR(
+      CheckKeys(model, where,
+                {"type", "vocab", "merges", "unk_token", "fuse_unk", "byte_fallback",
+                 "ignore_merges", "dropout", "continuing_subword_prefix", "end_of_word_suffix"}));
   std::unique_ptr<BpeModel> m(new BpeModel());
   m->byte_level_ = byte_level;
   TROUPE_ASSIGN_OR_RETURN(m->ignore_merges_, BoolField(model, "ignore_merges", where));
   TROUPE_ASSIGN_OR_RETURN(m->byte_fallback_, BoolField(model, "byte_fallback", where));
   TROUPE_ASSIGN_OR_RETURN(m->fuse_unk_, BoolField(model, "fuse_unk", where));
   if (m->byte_fallback_ && byte_level)
-    return InvalidArgument("{}: byte_fallback with a ByteLevel pre-tokenizer is not supported", where);
+    return InvalidArgument("{}: byte_fallback with a ByteLevel pre-tokenizer is not supported",
+                           where);
   auto dropout = model.find("dropout");
   if (dropout != model.end() && !dropout->is_null() &&
       !(dropout->is_number() && dropout->get<double>() == 0.0))
@@ -122,7 +125,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromParts(const nlohmann::json& mode
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab) {
     if (id < 0 || id >= (int64_t{1} << 30))
-      return InvalidArgument("{}: vocab id of '{}' is {}, not an id in [0, 2^30)", where, token, id);
+      return InvalidArgument("{}: vocab id of '{}' is {}, not an id in [0, 2^30)", where, token,
+                             id);
     max_id = std::max(max_id, id);
   }
   m->pieces_.assign(static_cast<size_t>(max_id + 1), std::string());
@@ -149,10 +153,12 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromParts(const nlohmann::json& mode
     kab = ka;
     kab += kb;
     auto ia = m->vocab_.find(ka), ib = m->vocab_.find(kb), iab = m->vocab_.find(kab);
-    const std::string_view* missing = ia == m->vocab_.end() ? &a : ib == m->vocab_.end() ? &b : nullptr;
+    const std::string_view* missing = ia == m->vocab_.end()   ? &a
+                                      : ib == m->vocab_.end() ? &b
+                                                              : nullptr;
     if (missing)
-      return InvalidArgument("{}: merges[{}] '{} {}' uses '{}', which is not in the vocabulary", where,
-                             i, a, b, *missing);
+      return InvalidArgument("{}: merges[{}] '{} {}' uses '{}', which is not in the vocabulary",
+                             where, i, a, b, *missing);
     if (iab == m->vocab_.end())
       return InvalidArgument("{}: merges[{}] '{} {}' makes '{}{}', which is not in the vocabulary",
                              where, i, a, b, a, b);
@@ -160,8 +166,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::FromParts(const nlohmann::json& mode
   }
 
   for (int byte = 0; byte < 256; ++byte) {
-    std::string k = byte_level ? std::string(1, static_cast<char>(byte))
-                               : fmt::format("<0x{:02X}>", byte);
+    std::string k =
+        byte_level ? std::string(1, static_cast<char>(byte)) : fmt::format("<0x{:02X}>", byte);
     auto it = m->vocab_.find(k);
     m->byte_ids_[static_cast<size_t>(byte)] = it == m->vocab_.end() ? -1 : it->second;
   }
@@ -239,8 +245,8 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
       id = it == vocab_.end() ? -1 : it->second;
     }
     auto n = static_cast<int32_t>(sym.size());
-    sym.push_back(Symbol{id, static_cast<uint32_t>(start), static_cast<uint32_t>(i - start), n - 1,
-                         n + 1});
+    sym.push_back(
+        Symbol{id, static_cast<uint32_t>(start), static_cast<uint32_t>(i - start), n - 1, n + 1});
   }
   sym.back().next = -1;
   auto push = [&](int32_t left) {

@@ -113,11 +113,11 @@ class BpeModel {
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   int32_t unk_id_ = -1;
-  StringMap<int32_t> vocab_;  // key -> id
-  absl::flat_hash_map<uint64_t, Merge> merges_;      // (left id << 32 | right id)
-  absl::flat_hash_map<int32_t, int32_t> remap_;      // vocab id -> added token id (rare)
-  std::array<int32_t, 256> byte_ids_{};              // byte-level: id of each byte; else <0xNN>
-  std::array<int32_t, 128> ascii_ids_{};             // not byte-level: id of each ASCII character
+  StringMap<int32_t> vocab_;                     // key -> id
+  absl::flat_hash_map<uint64_t, Merge> merges_;  // (left id << 32 | right id)
+  absl::flat_hash_map<int32_t, int32_t> remap_;  // vocab id -> added token id (rare)
+  std::array<int32_t, 256> byte_ids_{};          // byte-level: id of each byte; else <0xNN>
+  std::array<int32_t, 128> ascii_ids_{};         // not byte-level: id of each ASCII character
   std::vector<std::string> pieces_;
   std::vector<bool> has_;
   Cache cache_;

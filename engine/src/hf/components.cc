@@ -80,7 +80,8 @@ class StripAccentsNormalizer final : public Normalizer {
     for (size_t i = 0; i < in.size();) {
       size_t start = i;
       auto type = u_charType(static_cast<UChar32>(NextCodePoint(in, &i)));
-      if (type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK || type == U_COMBINING_SPACING_MARK)
+      if (type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK ||
+          type == U_COMBINING_SPACING_MARK)
         continue;
       out->append(in.substr(start, i - start));
     }
@@ -155,7 +156,8 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
 
 class SplitPreTokenizer final : public PreTokenizer {
  public:
-  SplitPreTokenizer(std::unique_ptr<Regex> re, bool removed) : re_(std::move(re)), removed_(removed) {}
+  SplitPreTokenizer(std::unique_ptr<Regex> re, bool removed)
+      : re_(std::move(re)), removed_(removed) {}
   Status Apply(std::vector<std::string_view>* pieces, std::vector<std::string_view>* scratch,
                StringPool*, size_t) const override {
     scratch->clear();
@@ -186,10 +188,13 @@ class MetaspacePreTokenizer final : public PreTokenizer {
                StringPool* pool, size_t section_index) const override {
     for (auto& p : *pieces) {
       std::string* s = pool->Make();
-      bool add = prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && section_index == 0);
+      bool add =
+          prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && section_index == 0);
       for (size_t i = 0; i < p.size(); ++i) {
-        if (p[i] == ' ') *s += replacement_;
-        else s->push_back(p[i]);
+        if (p[i] == ' ')
+          *s += replacement_;
+        else
+          s->push_back(p[i]);
       }
       if (add && std::string_view(*s).substr(0, replacement_.size()) != replacement_)
         s->insert(0, replacement_);
@@ -255,7 +260,8 @@ class SequencePreTokenizer final : public PreTokenizer {
       : parts_(std::move(parts)) {}
   Status Apply(std::vector<std::string_view>* pieces, std::vector<std::string_view>* scratch,
                StringPool* pool, size_t section_index) const override {
-    for (const auto& p : parts_) TROUPE_RETURN_IF_ERROR(p->Apply(pieces, scratch, pool, section_index));
+    for (const auto& p : parts_)
+      TROUPE_RETURN_IF_ERROR(p->Apply(pieces, scratch, pool, section_index));
     return Status::Ok();
   }
 
@@ -265,7 +271,8 @@ class SequencePreTokenizer final : public PreTokenizer {
 
 Result<std::unique_ptr<Regex>> SplitRegex(const nlohmann::json& pattern, const std::string& where) {
   if (!pattern.is_object() || pattern.size() != 1)
-    return InvalidArgument("{}: 'pattern' must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+    return InvalidArgument("{}: 'pattern' must be {{\"String\": ...}} or {{\"Regex\": ...}}",
+                           where);
   std::string source;
   if (pattern.contains("Regex") && pattern["Regex"].is_string()) {
     TROUPE_ASSIGN_OR_RETURN(source, TranslatePattern(pattern["Regex"].get<std::string>()));
@@ -274,7 +281,8 @@ Result<std::unique_ptr<Regex>> SplitRegex(const nlohmann::json& pattern, const s
       return InvalidArgument("{}: an empty String pattern is not supported", where);
     source = QuoteLiteral(pattern["String"].get<std::string>());
   } else {
-    return InvalidArgument("{}: 'pattern' must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+    return InvalidArgument("{}: 'pattern' must be {{\"String\": ...}} or {{\"Regex\": ...}}",
+                           where);
   }
   return Regex::Compile(source, where);
 }
@@ -292,15 +300,19 @@ Result<std::unique_ptr<PreTokenizer>> MakeSplit(const nlohmann::json& j, const s
   // The reference removes with String.prototype.split, which keeps capture groups and
   // treats empty matches its own way: refuse what would make them differ.
   if (behavior == "Removed" && (re->capture_count() > 0 || re->can_match_empty()))
-    return InvalidArgument("{}: Split Removed with a pattern that has groups or can match empty "
-                           "is not supported", where);
+    return InvalidArgument(
+        "{}: Split Removed with a pattern that has groups or can match empty "
+        "is not supported",
+        where);
   return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re), behavior == "Removed"));
 }
 
-Result<std::unique_ptr<PreTokenizer>> MakeMetaspace(const nlohmann::json& j, const std::string& where) {
+Result<std::unique_ptr<PreTokenizer>> MakeMetaspace(const nlohmann::json& j,
+                                                    const std::string& where) {
   TROUPE_RETURN_IF_ERROR(CheckKeys(
       j, where, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}));
-  TROUPE_ASSIGN_OR_RETURN(std::string replacement, StringField(j, "replacement", where, "\xE2\x96\x81"));
+  TROUPE_ASSIGN_OR_RETURN(std::string replacement,
+                          StringField(j, "replacement", where, "\xE2\x96\x81"));
   TROUPE_ASSIGN_OR_RETURN(std::string str_rep, StringField(j, "str_rep", where, replacement));
   if (replacement.empty() || str_rep != replacement)
     return InvalidArgument("{}: Metaspace replacement '{}' (str_rep '{}') is not supported", where,
@@ -309,22 +321,29 @@ Result<std::unique_ptr<PreTokenizer>> MakeMetaspace(const nlohmann::json& j, con
   if (split == j.end() || !split->is_boolean() || split->get<bool>())
     return InvalidArgument(
         "{}: Metaspace without split=false is not supported (Hugging Face then splits on '{}', "
-        "tokenizers.js does not)", where, replacement);
+        "tokenizers.js does not)",
+        where, replacement);
   std::string scheme;
   if (j.contains("prepend_scheme")) {
     TROUPE_ASSIGN_OR_RETURN(scheme, StringField(j, "prepend_scheme", where));
   } else {
     TROUPE_ASSIGN_OR_RETURN(bool add, BoolField(j, "add_prefix_space", where, true));
     if (!add)
-      return InvalidArgument("{}: Metaspace add_prefix_space=false without prepend_scheme is not "
-                             "supported (Hugging Face and tokenizers.js disagree on it)", where);
+      return InvalidArgument(
+          "{}: Metaspace add_prefix_space=false without prepend_scheme is not "
+          "supported (Hugging Face and tokenizers.js disagree on it)",
+          where);
     scheme = "always";
   }
   MetaspacePreTokenizer::Prepend p;
-  if (scheme == "always") p = MetaspacePreTokenizer::Prepend::kAlways;
-  else if (scheme == "first") p = MetaspacePreTokenizer::Prepend::kFirst;
-  else if (scheme == "never") p = MetaspacePreTokenizer::Prepend::kNever;
-  else return InvalidArgument("{}: Metaspace prepend_scheme '{}' is not supported", where, scheme);
+  if (scheme == "always")
+    p = MetaspacePreTokenizer::Prepend::kAlways;
+  else if (scheme == "first")
+    p = MetaspacePreTokenizer::Prepend::kFirst;
+  else if (scheme == "never")
+    p = MetaspacePreTokenizer::Prepend::kNever;
+  else
+    return InvalidArgument("{}: Metaspace prepend_scheme '{}' is not supported", where, scheme);
   return std::unique_ptr<PreTokenizer>(new MetaspacePreTokenizer(replacement, p));
 }
 
@@ -332,9 +351,9 @@ Result<std::unique_ptr<PreTokenizer>> MakeOne(const nlohmann::json& j, const std
                                               bool last, bool* byte_level) {
   TROUPE_ASSIGN_OR_RETURN(std::string type, TypeOf(j, where));
   if (type == "ByteLevel") {
-    TROUPE_RETURN_IF_ERROR(CheckKeys(j, where, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
-    if (!last)
-      return InvalidArgument("{}: a ByteLevel pre-tokenizer must come last", where);
+    TROUPE_RETURN_IF_ERROR(
+        CheckKeys(j, where, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
+    if (!last) return InvalidArgument("{}: a ByteLevel pre-tokenizer must come last", where);
     TROUPE_ASSIGN_OR_RETURN(bool prefix, BoolField(j, "add_prefix_space", where, false));
     TROUPE_ASSIGN_OR_RETURN(bool use_regex, BoolField(j, "use_regex", where, true));
     std::unique_ptr<Regex> split;
@@ -401,8 +420,10 @@ class ByteLevelDecoder final : public Decoder {
       }
     }
     if (pending) {
-      if (bytes.empty()) out.emplace_back();
-      else flush();
+      if (bytes.empty())
+        out.emplace_back();
+      else
+        flush();
     }
     tokens->swap(out);
   }
@@ -439,8 +460,10 @@ std::optional<int> ParseIntHex(std::string_view text) {
   std::optional<int> value;
   for (; i < text.size(); ++i) {
     char c = text[i];
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) break;
     value = value.value_or(0) * 16 + d;
   }
@@ -490,7 +513,8 @@ class FuseDecoder final : public Decoder {
 
 class StripDecoder final : public Decoder {
  public:
-  StripDecoder(char32_t content, int64_t start, int64_t stop) : content_(content), start_(start), stop_(stop) {}
+  StripDecoder(char32_t content, int64_t start, int64_t stop)
+      : content_(content), start_(start), stop_(stop) {}
   void Apply(std::vector<std::string>* tokens) const override {
     for (auto& t : *tokens) {
       size_t cut = 0;
@@ -542,7 +566,8 @@ class MetaspaceDecoder final : public Decoder {
 
 class SequenceDecoder final : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts)
+      : parts_(std::move(parts)) {}
   void Apply(std::vector<std::string>* tokens) const override {
     for (const auto& p : parts_) p->Apply(tokens);
   }
@@ -555,18 +580,21 @@ class SequenceDecoder final : public Decoder {
 
 // ---- factories ------------------------------------------------------------------
 
-Result<std::unique_ptr<Replacer>> Replacer::Make(const nlohmann::json& j, const std::string& where) {
+Result<std::unique_ptr<Replacer>> Replacer::Make(const nlohmann::json& j,
+                                                 const std::string& where) {
   TROUPE_RETURN_IF_ERROR(CheckKeys(j, where, {"type", "pattern", "content"}));
   std::unique_ptr<Replacer> r(new Replacer());
   TROUPE_ASSIGN_OR_RETURN(r->content_, StringField(j, "content", where));
   if (r->content_.find('$') != std::string::npos)
-    return InvalidArgument("{}: Replace content '{}' with '$' is not supported", where, r->content_);
+    return InvalidArgument("{}: Replace content '{}' with '$' is not supported", where,
+                           r->content_);
   auto pattern = j.find("pattern");
   if (pattern == j.end()) return InvalidArgument("{}: Replace has no 'pattern'", where);
   if (pattern->is_object() && pattern->size() == 1 && pattern->contains("String") &&
       (*pattern)["String"].is_string()) {
     r->literal_ = (*pattern)["String"].get<std::string>();
-    if (r->literal_.empty()) return InvalidArgument("{}: an empty String pattern is not supported", where);
+    if (r->literal_.empty())
+      return InvalidArgument("{}: an empty String pattern is not supported", where);
     return r;
   }
   TROUPE_ASSIGN_OR_RETURN(r->regex_, SplitRegex(*pattern, where));
@@ -576,7 +604,8 @@ Result<std::unique_ptr<Replacer>> Replacer::Make(const nlohmann::json& j, const 
 Status Replacer::Apply(std::string_view in, std::string* out) const {
   if (!regex_) {
     size_t prev = 0;
-    for (size_t at = in.find(literal_); at != std::string_view::npos; at = in.find(literal_, prev)) {
+    for (size_t at = in.find(literal_); at != std::string_view::npos;
+         at = in.find(literal_, prev)) {
       out->append(in.substr(prev, at - prev));
       *out += content_;
       prev = at + literal_.size();
@@ -594,14 +623,17 @@ Status Replacer::Apply(std::string_view in, std::string* out) const {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Normalizer>> MakeNormalizer(const nlohmann::json& j, const std::string& where) {
+Result<std::unique_ptr<Normalizer>> MakeNormalizer(const nlohmann::json& j,
+                                                   const std::string& where) {
   if (j.is_null()) return std::unique_ptr<Normalizer>();
   TROUPE_ASSIGN_OR_RETURN(std::string type, TypeOf(j, where));
   std::unique_ptr<Normalizer> n;
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
     TROUPE_RETURN_IF_ERROR(CheckKeys(j, where, {"type"}));
-    NormalForm form = type == "NFC" ? NormalForm::kNFC : type == "NFD" ? NormalForm::kNFD
-                      : type == "NFKC" ? NormalForm::kNFKC : NormalForm::kNFKD;
+    NormalForm form = type == "NFC"    ? NormalForm::kNFC
+                      : type == "NFD"  ? NormalForm::kNFD
+                      : type == "NFKC" ? NormalForm::kNFKC
+                                       : NormalForm::kNFKD;
     n = std::make_unique<UnicodeNormalizer>(form);
   } else if (type == "Prepend") {
     TROUPE_RETURN_IF_ERROR(CheckKeys(j, where, {"type", "prepend"}));
@@ -627,7 +659,8 @@ Result<std::unique_ptr<Normalizer>> MakeNormalizer(const nlohmann::json& j, cons
       return InvalidArgument("{}: Sequence needs a 'normalizers' array", where);
     std::vector<std::unique_ptr<Normalizer>> parts;
     for (size_t i = 0; i < j["normalizers"].size(); ++i) {
-      TROUPE_ASSIGN_OR_RETURN(auto p, MakeNormalizer(j["normalizers"][i], At(where, "normalizers", i)));
+      TROUPE_ASSIGN_OR_RETURN(auto p,
+                              MakeNormalizer(j["normalizers"][i], At(where, "normalizers", i)));
       if (p) parts.push_back(std::move(p));
     }
     n = std::make_unique<SequenceNormalizer>(std::move(parts));
@@ -649,7 +682,8 @@ Result<std::unique_ptr<Decoder>> MakeDecoder(const nlohmann::json& j, const std:
   if (j.is_null()) return std::unique_ptr<Decoder>();
   TROUPE_ASSIGN_OR_RETURN(std::string type, TypeOf(j, where));
   if (type == "ByteLevel") {
-    TROUPE_RETURN_IF_ERROR(CheckKeys(j, where, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
+    TROUPE_RETURN_IF_ERROR(
+        CheckKeys(j, where, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
     return std::unique_ptr<Decoder>(new ByteLevelDecoder(added));
   }
   if (type == "Replace") {
@@ -677,8 +711,10 @@ Result<std::unique_ptr<Decoder>> MakeDecoder(const nlohmann::json& j, const std:
   }
   if (type == "Metaspace") {
     TROUPE_RETURN_IF_ERROR(CheckKeys(
-        j, where, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}));
-    TROUPE_ASSIGN_OR_RETURN(std::string replacement, StringField(j, "replacement", where, "\xE2\x96\x81"));
+        j, where,
+        {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}));
+    TROUPE_ASSIGN_OR_RETURN(std::string replacement,
+                            StringField(j, "replacement", where, "\xE2\x96\x81"));
     if (replacement.empty()) return InvalidArgument("{}: empty Metaspace replacement", where);
     return std::unique_ptr<Decoder>(new MetaspaceDecoder(replacement));
   }
@@ -688,7 +724,8 @@ Result<std::unique_ptr<Decoder>> MakeDecoder(const nlohmann::json& j, const std:
       return InvalidArgument("{}: Sequence needs a 'decoders' array", where);
     std::vector<std::unique_ptr<Decoder>> parts;
     for (size_t i = 0; i < j["decoders"].size(); ++i) {
-      TROUPE_ASSIGN_OR_RETURN(auto p, MakeDecoder(j["decoders"][i], At(where, "decoders", i), added));
+      TROUPE_ASSIGN_OR_RETURN(auto p,
+                              MakeDecoder(j["decoders"][i], At(where, "decoders", i), added));
       if (!p) return InvalidArgument("{}: null decoder", At(where, "decoders", i));
       parts.push_back(std::move(p));
     }
@@ -702,7 +739,8 @@ Result<PostProcessor> MakePostProcessor(const nlohmann::json& j, const std::stri
   if (j.is_null()) return pp;
   TROUPE_ASSIGN_OR_RETURN(std::string type, TypeOf(j, where));
   if (type == "ByteLevel") {
-    TROUPE_RETURN_IF_ERROR(CheckKeys(j, where, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
+    TROUPE_RETURN_IF_ERROR(
+        CheckKeys(j, where, {"type", "add_prefix_space", "trim_offsets", "use_regex"}));
     return pp;
   }
   if (type == "Sequence") {
@@ -710,7 +748,8 @@ Result<PostProcessor> MakePostProcessor(const nlohmann::json& j, const std::stri
     if (!j.contains("processors") || !j["processors"].is_array())
       return InvalidArgument("{}: Sequence needs a 'processors' array", where);
     for (size_t i = 0; i < j["processors"].size(); ++i) {
-      TROUPE_ASSIGN_OR_RETURN(PostProcessor part, MakePostProcessor(j["processors"][i], At(where, "processors", i)));
+      TROUPE_ASSIGN_OR_RETURN(PostProcessor part,
+                              MakePostProcessor(j["processors"][i], At(where, "processors", i)));
       for (auto& t : part.templates) pp.templates.push_back(std::move(t));
     }
     return pp;
@@ -730,7 +769,8 @@ Result<PostProcessor> MakePostProcessor(const nlohmann::json& j, const std::stri
     } else if (item.contains("Sequence") && item["Sequence"].contains("id") &&
                item["Sequence"]["id"].is_string()) {
       std::string seq = item["Sequence"]["id"].get<std::string>();
-      if (seq != "A") return InvalidArgument("{}: a single template may only use sequence A, not {}", at, seq);
+      if (seq != "A")
+        return InvalidArgument("{}: a single template may only use sequence A, not {}", at, seq);
       items.push_back({true, ""});
     } else {
       return InvalidArgument("{}: {} is neither a SpecialToken nor a Sequence", at, item.dump());

@@ -47,15 +47,17 @@ class Normalizer {
   virtual Status Apply(std::string_view in, std::string* out) const = 0;
 };
 // null JSON -> nullptr (no normalizer).
-Result<std::unique_ptr<Normalizer>> MakeNormalizer(const nlohmann::json& j, const std::string& where);
+Result<std::unique_ptr<Normalizer>> MakeNormalizer(const nlohmann::json& j,
+                                                   const std::string& where);
 
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
   // Splits/rewrites every piece of *pieces in place (order kept). New text lives in
   // `pool`; `section_index` is the index of the added-token section being encoded.
-  virtual Status Apply(std::vector<std::string_view>* pieces, std::vector<std::string_view>* scratch,
-                       StringPool* pool, size_t section_index) const = 0;
+  virtual Status Apply(std::vector<std::string_view>* pieces,
+                       std::vector<std::string_view>* scratch, StringPool* pool,
+                       size_t section_index) const = 0;
 };
 // null JSON -> nullptr. *byte_level is set when the pipeline ends in ByteLevel (its
 // pieces are then raw bytes for a byte-level BpeModel).

@@ -16,7 +16,8 @@ Result<std::string> StringField(const nlohmann::json& j, const char* key, const 
                                 const std::string& fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_string()) return InvalidArgument("{}: '{}' must be a string, got {}", where, key, it->dump());
+  if (!it->is_string())
+    return InvalidArgument("{}: '{}' must be a string, got {}", where, key, it->dump());
   return it->get<std::string>();
 }
 
@@ -24,7 +25,8 @@ Result<bool> BoolField(const nlohmann::json& j, const char* key, const std::stri
                        bool fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return InvalidArgument("{}: '{}' must be true or false, got {}", where, key, it->dump());
+  if (!it->is_boolean())
+    return InvalidArgument("{}: '{}' must be true or false, got {}", where, key, it->dump());
   return it->get<bool>();
 }
 
@@ -32,12 +34,14 @@ Result<int64_t> IntField(const nlohmann::json& j, const char* key, const std::st
                          int64_t fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number_integer()) return InvalidArgument("{}: '{}' must be an integer, got {}", where, key, it->dump());
+  if (!it->is_number_integer())
+    return InvalidArgument("{}: '{}' must be an integer, got {}", where, key, it->dump());
   return it->get<int64_t>();
 }
 
 Result<std::string> TypeOf(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object()) return InvalidArgument("{}: must be an object, got {}", where, j.dump().substr(0, 80));
+  if (!j.is_object())
+    return InvalidArgument("{}: must be an object, got {}", where, j.dump().substr(0, 80));
   auto it = j.find("type");
   if (it == j.end() || !it->is_string()) return InvalidArgument("{}: has no \"type\"", where);
   return it->get<std::string>();

@@ -42,22 +42,27 @@ MatchScratch& Scratch() {
 
 // ---- translation of tokenizer.json patterns (Oniguruma syntax) into PCRE2 ----
 
-constexpr char kWordClassBody[] = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
+constexpr char kWordClassBody[] =
+    "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
 constexpr char kLineStart[] = "(?:(?<![\\s\\S])|(?<=\\n))";
 constexpr char kLineEnd[] = "(?:(?=\\n)|(?![\\s\\S]))";
 
 bool IsGeneralCategory(std::string_view n) {
-  static const char* const kCats[] = {
-      "L",  "Lu", "Ll", "Lt", "Lm", "Lo", "LC", "L&", "M",  "Mn", "Mc", "Me", "N",
-      "Nd", "Nl", "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S",  "Sm",
-      "Sc", "Sk", "So", "Z",  "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Cs", "Co", "Cn"};
+  static const char* const kCats[] = {"L",  "Lu", "Ll", "Lt", "Lm", "Lo", "LC", "L&", "M",  "Mn",
+                                      "Mc", "Me", "N",  "Nd", "Nl", "No", "P",  "Pc", "Pd", "Ps",
+                                      "Pe", "Pi", "Pf", "Po", "S",  "Sm", "Sc", "Sk", "So", "Z",
+                                      "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Cs", "Co", "Cn"};
   for (const char* c : kCats)
     if (n == c) return true;
   return false;
 }
 
-bool IsHex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
-bool IsAsciiLetter(char32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool IsHex(char c) {
+  return std::isxdigit(static_cast<unsigned char>(c)) != 0;
+}
+bool IsAsciiLetter(char32_t c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
 
 // A literal code point as PCRE2 source (inside or outside a class).
 std::string Literal(char32_t c) {
@@ -125,9 +130,10 @@ class Translator {
   // Script property, as JS's Script=Name; PCRE2's bare name would mean Script_Extensions).
   std::string Property(bool negated, const std::string& name) const {
     std::string n = name;
-    if (n.rfind("Script=", 0) == 0 || n.rfind("sc=", 0) == 0) n = "sc:" + n.substr(n.find('=') + 1);
-    else if (!IsGeneralCategory(n) && n != "White_Space" && n != "Alphabetic" &&
-             n != "Lowercase" && n != "Uppercase" && n != "Any" && n.find(':') == std::string::npos)
+    if (n.rfind("Script=", 0) == 0 || n.rfind("sc=", 0) == 0)
+      n = "sc:" + n.substr(n.find('=') + 1);
+    else if (!IsGeneralCategory(n) && n != "White_Space" && n != "Alphabetic" && n != "Lowercase" &&
+             n != "Uppercase" && n != "Any" && n.find(':') == std::string::npos)
       n = "sc:" + n;
     return fmt::format("\\{}{{{}}}", negated ? 'P' : 'p', n);
   }
@@ -168,7 +174,8 @@ class Translator {
     char32_t c = Peek(i_);
     if (c == 'p' || c == 'P') {
       ++i_;
-      if (i_ >= in_.size() || in_[i_] != '{') return Error("\\{} without {{name}}", static_cast<char>(c));
+      if (i_ >= in_.size() || in_[i_] != '{')
+        return Error("\\{} without {{name}}", static_cast<char>(c));
       TROUPE_ASSIGN_OR_RETURN(std::string name, Braced());
       if (name == "Word") {
         EmitAtom(fmt::format(c == 'p' ? "[{}]" : "[^{}]", kWordClassBody));
@@ -185,37 +192,80 @@ class Translator {
     }
     Take();
     switch (c) {
-      case 'G': return Status::Ok();  // dropped, as the reference does
-      case 'A': EmitAtom("(?<![\\s\\S])"); return Status::Ok();
-      case 'z': EmitAtom("(?![\\s\\S])"); return Status::Ok();
-      case 'Z': EmitAtom("(?=\\n?(?![\\s\\S]))"); return Status::Ok();
-      case 'h': EmitAtom("[0-9A-Fa-f]"); return Status::Ok();
-      case 'H': EmitAtom("[^0-9A-Fa-f]"); return Status::Ok();
-      case 'w': EmitAtom(fmt::format("[{}]", kWordClassBody)); return Status::Ok();
-      case 'W': EmitAtom(fmt::format("[^{}]", kWordClassBody)); return Status::Ok();
-      case 'd': EmitAtom("\\p{Nd}"); return Status::Ok();
-      case 'D': EmitAtom("\\P{Nd}"); return Status::Ok();
-      case 's': EmitAtom("\\p{White_Space}"); return Status::Ok();
-      case 'S': EmitAtom("\\P{White_Space}"); return Status::Ok();
+      case 'G':
+        return Status::Ok();  // dropped, as the reference does
+      case 'A':
+        EmitAtom("(?<![\\s\\S])");
+        return Status::Ok();
+      case 'z':
+        EmitAtom("(?![\\s\\S])");
+        return Status::Ok();
+      case 'Z':
+        EmitAtom("(?=\\n?(?![\\s\\S]))");
+        return Status::Ok();
+      case 'h':
+        EmitAtom("[0-9A-Fa-f]");
+        return Status::Ok();
+      case 'H':
+        EmitAtom("[^0-9A-Fa-f]");
+        return Status::Ok();
+      case 'w':
+        EmitAtom(fmt::format("[{}]", kWordClassBody));
+        return Status::Ok();
+      case 'W':
+        EmitAtom(fmt::format("[^{}]", kWordClassBody));
+        return Status::Ok();
+      case 'd':
+        EmitAtom("\\p{Nd}");
+        return Status::Ok();
+      case 'D':
+        EmitAtom("\\P{Nd}");
+        return Status::Ok();
+      case 's':
+        EmitAtom("\\p{White_Space}");
+        return Status::Ok();
+      case 'S':
+        EmitAtom("\\P{White_Space}");
+        return Status::Ok();
       case 'b':
         EmitAtom(fmt::format("(?:(?<![{0}])(?=[{0}])|(?<=[{0}])(?![{0}]))", kWordClassBody));
         return Status::Ok();
       case 'B':
         EmitAtom(fmt::format("(?:(?<![{0}])(?![{0}])|(?<=[{0}])(?=[{0}]))", kWordClassBody));
         return Status::Ok();
-      case 'a': EmitAtom("\\x07"); return Status::Ok();
-      case 'e': EmitAtom("\\x1B"); return Status::Ok();
-      case 'n': case '\n': EmitAtom("\\n"); return Status::Ok();
-      case 'r': case '\r': EmitAtom("\\r"); return Status::Ok();
-      case 't': case '\t': EmitAtom("\\t"); return Status::Ok();
-      case 'f': case '\f': EmitAtom("\\f"); return Status::Ok();
-      case 'v': case '\v': EmitAtom("\\x0B"); return Status::Ok();
+      case 'a':
+        EmitAtom("\\x07");
+        return Status::Ok();
+      case 'e':
+        EmitAtom("\\x1B");
+        return Status::Ok();
+      case 'n':
+      case '\n':
+        EmitAtom("\\n");
+        return Status::Ok();
+      case 'r':
+      case '\r':
+        EmitAtom("\\r");
+        return Status::Ok();
+      case 't':
+      case '\t':
+        EmitAtom("\\t");
+        return Status::Ok();
+      case 'f':
+      case '\f':
+        EmitAtom("\\f");
+        return Status::Ok();
+      case 'v':
+      case '\v':
+        EmitAtom("\\x0B");
+        return Status::Ok();
       case '0':
         if (i_ < in_.size() && std::isdigit(static_cast<unsigned char>(in_[i_])))
           return Error("octal escapes are not supported");
         EmitAtom("\\x00");
         return Status::Ok();
-      default: break;
+      default:
+        break;
     }
     if (c >= '1' && c <= '9') {
       EmitAtom(std::string{'\\', static_cast<char>(c)});  // back-reference
@@ -244,7 +294,8 @@ class Translator {
     c = Peek(i_);
     if (c == 'p' || c == 'P') {
       ++i_;
-      if (i_ >= in_.size() || in_[i_] != '{') return Error("\\{} without {{name}}", static_cast<char>(c));
+      if (i_ >= in_.size() || in_[i_] != '{')
+        return Error("\\{} without {{name}}", static_cast<char>(c));
       TROUPE_ASSIGN_OR_RETURN(std::string name, Braced());
       if (name == "Word") {
         if (c == 'P') return Error("\\P{{Word}} inside a class is not supported");
@@ -261,22 +312,53 @@ class Translator {
     }
     Take();
     switch (c) {
-      case 's': *body += "\\p{White_Space}"; return Status::Ok();
-      case 'S': *body += "\\P{White_Space}"; return Status::Ok();
-      case 'd': *body += "\\p{Nd}"; return Status::Ok();
-      case 'D': *body += "\\P{Nd}"; return Status::Ok();
-      case 'w': *body += kWordClassBody; return Status::Ok();
-      case 'h': *body += "0-9A-Fa-f"; return Status::Ok();
-      case 'W': case 'H': return Error("\\{} inside a class is not supported", static_cast<char>(c));
-      case 'n': *single = '\n'; return Status::Ok();
-      case 'r': *single = '\r'; return Status::Ok();
-      case 't': *single = '\t'; return Status::Ok();
-      case 'f': *single = '\f'; return Status::Ok();
-      case 'v': *single = '\v'; return Status::Ok();
-      case 'a': *single = 0x07; return Status::Ok();
-      case 'e': *single = 0x1B; return Status::Ok();
-      case '0': *single = 0; return Status::Ok();
-      default: break;
+      case 's':
+        *body += "\\p{White_Space}";
+        return Status::Ok();
+      case 'S':
+        *body += "\\P{White_Space}";
+        return Status::Ok();
+      case 'd':
+        *body += "\\p{Nd}";
+        return Status::Ok();
+      case 'D':
+        *body += "\\P{Nd}";
+        return Status::Ok();
+      case 'w':
+        *body += kWordClassBody;
+        return Status::Ok();
+      case 'h':
+        *body += "0-9A-Fa-f";
+        return Status::Ok();
+      case 'W':
+      case 'H':
+        return Error("\\{} inside a class is not supported", static_cast<char>(c));
+      case 'n':
+        *single = '\n';
+        return Status::Ok();
+      case 'r':
+        *single = '\r';
+        return Status::Ok();
+      case 't':
+        *single = '\t';
+        return Status::Ok();
+      case 'f':
+        *single = '\f';
+        return Status::Ok();
+      case 'v':
+        *single = '\v';
+        return Status::Ok();
+      case 'a':
+        *single = 0x07;
+        return Status::Ok();
+      case 'e':
+        *single = 0x1B;
+        return Status::Ok();
+      case '0':
+        *single = 0;
+        return Status::Ok();
+      default:
+        break;
     }
     if (c < 0x80 && std::isalnum(static_cast<int>(c)))
       return Error("escape \\{} inside a class is not supported", static_cast<char>(c));
@@ -294,14 +376,16 @@ class Translator {
     bool lower = lo >= 'a' && hi <= 'z', upper = lo >= 'A' && hi <= 'Z';
     if (lower || upper) {
       auto flip = [&](char32_t x) {
-        return static_cast<char32_t>(lower ? std::toupper(static_cast<int>(x)) : std::tolower(static_cast<int>(x)));
+        return static_cast<char32_t>(lower ? std::toupper(static_cast<int>(x))
+                                           : std::tolower(static_cast<int>(x)));
       };
       *body += Literal(flip(lo));
       if (hi != lo) *body += "-" + Literal(flip(hi));
       return Status::Ok();
     }
     bool touches_letters = !(hi < 'A' || lo > 'z' || (lo > 'Z' && hi < 'a'));
-    if (touches_letters) return Error("case-insensitive class range mixing letters is not supported");
+    if (touches_letters)
+      return Error("case-insensitive class range mixing letters is not supported");
     return Status::Ok();
   }
 
@@ -313,7 +397,8 @@ class Translator {
       negated = true;
       ++i_;
     }
-    if (i_ < in_.size() && in_[i_] == ']') return Error("empty class or leading ']' is not supported");
+    if (i_ < in_.size() && in_[i_] == ']')
+      return Error("empty class or leading ']' is not supported");
     while (true) {
       if (i_ >= in_.size()) return Error("unterminated class");
       if (in_[i_] == ']') {
@@ -325,14 +410,16 @@ class Translator {
       if (lo < 0) continue;
       bool range = i_ + 1 < in_.size() && in_[i_] == '-' && in_[i_ + 1] != ']';
       if (!range) {
-        TROUPE_RETURN_IF_ERROR(ClassRange(static_cast<char32_t>(lo), static_cast<char32_t>(lo), &body));
+        TROUPE_RETURN_IF_ERROR(
+            ClassRange(static_cast<char32_t>(lo), static_cast<char32_t>(lo), &body));
         continue;
       }
       ++i_;  // '-'
       int64_t hi = -1;
       TROUPE_RETURN_IF_ERROR(ClassMember(&body, &hi));
       if (hi < 0) return Error("class range ends in a set");
-      TROUPE_RETURN_IF_ERROR(ClassRange(static_cast<char32_t>(lo), static_cast<char32_t>(hi), &body));
+      TROUPE_RETURN_IF_ERROR(
+          ClassRange(static_cast<char32_t>(lo), static_cast<char32_t>(hi), &body));
     }
     EmitAtom(std::string(negated ? "[^" : "[") + body + "]");
     return Status::Ok();
@@ -400,9 +487,12 @@ class Translator {
   Status Step() {
     char32_t c = Peek(i_);
     switch (c) {
-      case '\\': return Escape();
-      case '[': return Class();
-      case '(': return Group();
+      case '\\':
+        return Escape();
+      case '[':
+        return Class();
+      case '(':
+        return Group();
       case ')':
         if (groups_.empty()) return Error("unbalanced ')'");
         ++i_;
@@ -412,11 +502,26 @@ class Translator {
         groups_.pop_back();
         last_quantifier_ = false;
         return Status::Ok();
-      case ']': ++i_; EmitAtom("\\]"); return Status::Ok();
-      case '}': ++i_; EmitAtom("\\}"); return Status::Ok();
-      case '.': ++i_; EmitAtom("[^\\n]"); return Status::Ok();
-      case '^': ++i_; EmitAtom(kLineStart); return Status::Ok();
-      case '$': ++i_; EmitAtom(kLineEnd); return Status::Ok();
+      case ']':
+        ++i_;
+        EmitAtom("\\]");
+        return Status::Ok();
+      case '}':
+        ++i_;
+        EmitAtom("\\}");
+        return Status::Ok();
+      case '.':
+        ++i_;
+        EmitAtom("[^\\n]");
+        return Status::Ok();
+      case '^':
+        ++i_;
+        EmitAtom(kLineStart);
+        return Status::Ok();
+      case '$':
+        ++i_;
+        EmitAtom(kLineEnd);
+        return Status::Ok();
       case '|':
         ++i_;
         out_ += '|';
@@ -462,7 +567,9 @@ class Translator {
 Regex::Regex(pcre2_code* code, std::string pattern, bool jit)
     : code_(code), pattern_(std::move(pattern)), jit_(jit) {}
 
-Regex::~Regex() { pcre2_code_free(code_); }
+Regex::~Regex() {
+  pcre2_code_free(code_);
+}
 
 Result<std::unique_ptr<Regex>> Regex::Compile(const std::string& pattern, std::string_view what) {
   pcre2_compile_context* ctx = pcre2_compile_context_create(nullptr);

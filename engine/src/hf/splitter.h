@@ -26,7 +26,7 @@ class Splitter {
 
  private:
   struct Node {
-    int32_t entry = -1;                            // an entry ends here
+    int32_t entry = -1;                             // an entry ends here
     std::vector<std::pair<uint8_t, int32_t>> kids;  // byte -> node
   };
   int32_t Child(int32_t node, uint8_t byte) const;

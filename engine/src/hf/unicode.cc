@@ -26,15 +26,21 @@ size_t SkipAscii(std::string_view s, size_t i) {
 
 const icu::Normalizer2* Instance(NormalForm form, UErrorCode* err) {
   switch (form) {
-    case NormalForm::kNFC: return icu::Normalizer2::getNFCInstance(*err);
-    case NormalForm::kNFD: return icu::Normalizer2::getNFDInstance(*err);
-    case NormalForm::kNFKC: return icu::Normalizer2::getNFKCInstance(*err);
-    case NormalForm::kNFKD: return icu::Normalizer2::getNFKDInstance(*err);
+    case NormalForm::kNFC:
+      return icu::Normalizer2::getNFCInstance(*err);
+    case NormalForm::kNFD:
+      return icu::Normalizer2::getNFDInstance(*err);
+    case NormalForm::kNFKC:
+      return icu::Normalizer2::getNFKCInstance(*err);
+    case NormalForm::kNFKD:
+      return icu::Normalizer2::getNFKDInstance(*err);
   }
   return nullptr;
 }
 
-bool AllAscii(std::string_view s) { return SkipAscii(s, 0) == s.size(); }
+bool AllAscii(std::string_view s) {
+  return SkipAscii(s, 0) == s.size();
+}
 
 }  // namespace
 
@@ -145,10 +151,14 @@ bool IsWordChar(char32_t c) {
 
 const char* NormalFormName(NormalForm form) {
   switch (form) {
-    case NormalForm::kNFC: return "NFC";
-    case NormalForm::kNFD: return "NFD";
-    case NormalForm::kNFKC: return "NFKC";
-    case NormalForm::kNFKD: return "NFKD";
+    case NormalForm::kNFC:
+      return "NFC";
+    case NormalForm::kNFD:
+      return "NFD";
+    case NormalForm::kNFKC:
+      return "NFKC";
+    case NormalForm::kNFKD:
+      return "NFKD";
   }
   return "?";
 }
@@ -158,7 +168,8 @@ bool IsNormalized(NormalForm form, std::string_view s) {
   UErrorCode err = U_ZERO_ERROR;
   const icu::Normalizer2* norm = Instance(form, &err);
   if (U_FAILURE(err)) return false;
-  UBool yes = norm->isNormalizedUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())), err);
+  UBool yes =
+      norm->isNormalizedUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())), err);
   return U_SUCCESS(err) && yes;
 }
 
@@ -181,8 +192,8 @@ Status AppendNormalized(NormalForm form, std::string_view s, std::string* out) {
 Status AppendLowercase(std::string_view s, std::string* out) {
   UErrorCode err = U_ZERO_ERROR;
   icu::StringByteSink<std::string> sink(out);
-  icu::CaseMap::utf8ToLower("", 0, icu::StringPiece(s.data(), static_cast<int32_t>(s.size())),
-                            sink, nullptr, err);
+  icu::CaseMap::utf8ToLower("", 0, icu::StringPiece(s.data(), static_cast<int32_t>(s.size())), sink,
+                            nullptr, err);
   if (U_FAILURE(err)) return Internal("ICU lowercasing failed: {}", u_errorName(err));
   return Status::Ok();
 }

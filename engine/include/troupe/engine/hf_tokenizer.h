@@ -62,7 +62,8 @@ class HfTokenizer final : public Tokenizer {
   // Ids -> text as Hugging Face decodes them (skip_special drops the special tokens;
   // with it false they appear as their text). Ill-formed byte sequences, e.g. half a
   // UTF-8 character at the end, come out as U+FFFD.
-  Result<std::string> Decode(const std::vector<int32_t>& ids, bool skip_special = true) const override;
+  Result<std::string> Decode(const std::vector<int32_t>& ids,
+                             bool skip_special = true) const override;
   // The token's string as the vocabulary spells it ("Ġworld" in byte-level models).
   Result<std::string> IdToPiece(int32_t id) const override;
   int32_t TokenToId(std::string_view piece) const override;
@@ -94,7 +95,8 @@ class HfTokenizer final : public Tokenizer {
   struct Scratch;
 
   HfTokenizer();
-  Status Init(const nlohmann::json& tokenizer, const std::vector<std::pair<std::string_view, int64_t>>& vocab,
+  Status Init(const nlohmann::json& tokenizer,
+              const std::vector<std::pair<std::string_view, int64_t>>& vocab,
               const std::vector<std::pair<std::string_view, std::string_view>>& merges,
               const std::string& config_json);
   Status InitAddedTokens(const nlohmann::json& list);
@@ -117,7 +119,7 @@ class HfTokenizer final : public Tokenizer {
   std::vector<AddedToken> added_;
   std::vector<std::pair<std::string, size_t>> added_by_text_;  // sorted: text -> added_ index
   std::unique_ptr<hf::Splitter> split_unnormalized_, split_normalized_;
-  std::vector<std::string> pieces_;  // id -> token string ("" for unused ids)
+  std::vector<std::string> pieces_;          // id -> token string ("" for unused ids)
   std::vector<bool> used_, special_, skip_;  // per id: exists, IsSpecial, dropped by skip_special
   int32_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = 0;
   bool clean_up_spaces_ = true;

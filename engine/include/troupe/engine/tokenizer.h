@@ -29,9 +29,9 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Text -> ids (HfTokenizer: text that spells an added token, e.g. "<|im_end|>",
-  // becomes that token, as in Hugging Face). Optionally prepends BOS (when the tokenizer has one) / appends EOS (an error
-  // when it has none). Fails (naming the offending character and its byte offset) when
-  // the text cannot be represented.
+  // becomes that token, as in Hugging Face). Optionally prepends BOS (when the tokenizer has one) /
+  // appends EOS (an error when it has none). Fails (naming the offending character and its byte
+  // offset) when the text cannot be represented.
   virtual Result<std::vector<int32_t>> Encode(std::string_view text, bool add_bos = false,
                                               bool add_eos = false) const = 0;
   // Text -> ids as a model takes a whole input: Hugging Face's `tokenizer(text)`

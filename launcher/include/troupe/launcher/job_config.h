@@ -62,8 +62,8 @@ struct EchoSettings {
 // The tokenizer of the job: the built-in character tokenizer or a Hugging Face one.
 struct TokenizerSpec {
   std::string kind = "char";  // char (the built-in tasks' characters) | hf (a tokenizer.json)
-  std::string alphabet =
-      "printable";  // kind char: printable (every built-in task's characters) | lowercase | a literal string
+  std::string alphabet = "printable";  // kind char: printable (every built-in task's characters) |
+                                       // lowercase | a literal string
   // kind hf: a model folder holding tokenizer.json (+ tokenizer_config.json, which names
   // eos/bos/pad), or a tokenizer.json file. Made absolute when the config is read.
   std::string path;
