@@ -385,6 +385,7 @@ Status HfTokenizer::EncodeText(std::string_view text, std::vector<int32_t>* ids)
   thread_local Scratch scratch;
   Scratch& s = scratch;
   s.pool.Reset();
+  if (s.valid.capacity() > (size_t{1} << 20)) std::string().swap(s.valid);
   if (!hf::IsValidUtf8(text)) {
     s.valid.clear();
     hf::AppendValidUtf8(text, &s.valid);

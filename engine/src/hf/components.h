@@ -33,7 +33,12 @@ class StringPool {
     s->clear();
     return s;
   }
-  void Reset() { used_ = 0; }
+  // Reuses the strings; gives back the memory of any over 1 MiB (a long text once).
+  void Reset() {
+    for (size_t i = 0; i < used_; ++i)
+      if (items_[i].capacity() > (size_t{1} << 20)) std::string().swap(items_[i]);
+    used_ = 0;
+  }
 
  private:
   std::deque<std::string> items_;
