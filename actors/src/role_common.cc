@@ -9,8 +9,7 @@ Result<std::unique_ptr<JobContext>> MakeJobContext(launcher::JobConfig job,
   ctx->job = std::move(job);
   ctx->run_dir = run_dir;
   ctx->bind_host = bind_host;
-  TROUPE_ASSIGN_OR_RETURN(ctx->tokenizer, engine::CharTokenizer::Create(
-                                              launcher::TokenizerAlphabet(ctx->job.tokenizer)));
+  TROUPE_ASSIGN_OR_RETURN(ctx->tokenizer, launcher::MakeTokenizer(ctx->job.tokenizer));
   ctx->renderer = std::make_unique<envs::Renderer>(*ctx->tokenizer, envs::ChatFormat::Compact());
   TROUPE_ASSIGN_OR_RETURN(auto registry, envs::TaskRegistry::Create(ctx->job.tasks));
   ctx->tasks = registry;

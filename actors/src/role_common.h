@@ -20,8 +20,8 @@ namespace troupe::actors {
 struct JobContext {
   launcher::JobConfig job;
   std::string run_dir;
-  std::string bind_host = "127.0.0.1";  // address this actor binds and advertises
-  std::unique_ptr<engine::CharTokenizer> tokenizer;
+  std::string bind_host = "127.0.0.1";           // address this actor binds and advertises
+  std::unique_ptr<engine::Tokenizer> tokenizer;  // tokenizer.kind: char or hf
   std::unique_ptr<envs::Renderer> renderer;
   std::shared_ptr<const envs::TaskRegistry> tasks;
   std::vector<const envs::Task*> task_list;  // in config order

@@ -8,6 +8,7 @@
 //   troupe scale [RUN] rollout=N [reward=M]               grow or shrink a role while it runs
 //   troupe stop [RUN]                                     graceful stop (learner checkpoints)
 //   troupe config-keys                                    every config key with its doc
+//   troupe tokenize DIR [--decode]                        a model folder's tokenizer on stdin
 // RUN defaults to the latest run (runs/latest). Errors are one line and exit 1
 // (2 for bad arguments or config).
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include "troupe/launcher/spawner.h"
 #include "troupe/launcher/subprocess.h"
 #include "remote_spawner.h"
+#include "tokenize_cmd.h"
 #include "troupe/transport/curve.h"
 #include "troupe/transport/zmq_network.h"
 
@@ -539,6 +541,9 @@ int main(int argc, char** argv) {
   auto* keys =
       app.add_subcommand("config-keys", "list every job config key with its type, default and doc");
 
+  TokenizeArgs tokenize_args;
+  auto* tokenize = AddTokenizeCommand(app, &tokenize_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -557,6 +562,7 @@ int main(int argc, char** argv) {
     if (*scale) return CmdScale(runs_dir, pos);
     if (*stop) return CmdStop(runs_dir, pos, wait_s);
     if (*keys) return CmdConfigKeys();
+    if (*tokenize) return RunTokenize(tokenize_args);
   } catch (const std::exception& e) {
     return Fail(std::string("unexpected error (please report it): ") + e.what(), 1);
   }
