@@ -28,6 +28,9 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # multi-node tests: real sshd and Slurm daemons on network-namespace hosts
   openssh-server openssh-client slurm-wlm munge
+  # chat templates: Unicode case mapping (ICU); Node runs the npm reference
+  # implementations the parity tests compare against (scripts/install-npm.sh)
+  libicu-dev nodejs
 )
 
 missing=()
@@ -37,8 +40,13 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# Debian's nodejs ships npm separately; NodeSource's nodejs bundles it (and
+# conflicts with Debian's npm), so ask for npm only when the command is missing.
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
+  "$(dirname "$0")/install-npm.sh"
   exit 0
 fi
 
@@ -60,3 +68,4 @@ for svc in ssh slurmctld slurmd munge; do
   $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 echo "install-deps: done"
+"$(dirname "$0")/install-npm.sh"
