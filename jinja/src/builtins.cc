@@ -342,7 +342,10 @@ Value Range(Interpreter& in, const CallArgs& a, int line) {
     throw TemplateError::Limit(line, fmt::format("range() of {} items is over the evaluation budget",
                                                  count));
   Array out;
-  for (double i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::Int(i));
+  for (double i = start; step > 0 ? i < stop : i > stop; i += step) {
+    in.Step(line);
+    out.push_back(Value::Int(i));
+  }
   return Value::MakeArray(std::move(out));
 }
 
@@ -488,7 +491,7 @@ bool RunTest(const std::string& name, const Value& v, const Value* arg, int line
   if (name == "mapping") return v.is_object();
   if (name == "sequence") return v.is_array() || v.is_object() || v.is_string();
   if (name == "lower" || name == "upper") {
-    if (!v.is_string()) Fail(line, fmt::format("test '{}' needs a string, got {}", name, v.TypeName()));
+    if (!v.is_string()) return false;
     return v.str() == (name == "lower" ? ToLower(v.str()) : ToUpper(v.str()));
   }
   if (name == "defined") return !v.is_undefined();
@@ -546,7 +549,10 @@ Value Interpreter::FilterNoArgs(const Value& v, const std::string& name, int lin
       Array out;
       for (const Value& x : a) {
         bool seen = false;
-        for (const Value& y : out) seen = seen || StrictEquals(x, y);
+        for (const Value& y : out) {
+          Step(line);
+          seen = seen || StrictEquals(x, y);
+        }
         if (!seen) out.push_back(x);
       }
       return Value::MakeArray(std::move(out));

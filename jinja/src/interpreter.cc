@@ -142,10 +142,14 @@ std::string Interpreter::RenderBlock(const NodeList& list, Scope& scope) {
   return out;
 }
 
-Value Interpreter::Eval(const Node& n, Scope& scope) {
+void Interpreter::Step(int line) {
   if (++steps_ > options_.max_steps)
-    throw TemplateError::Limit(n.line, fmt::format("rendering took more than {} evaluation steps",
-                                                   options_.max_steps));
+    throw TemplateError::Limit(line, fmt::format("rendering took more than {} evaluation steps",
+                                                 options_.max_steps));
+}
+
+Value Interpreter::Eval(const Node& n, Scope& scope) {
+  Step(n.line);
   try {
     return EvalInner(n, scope);
   } catch (TemplateError& e) {
@@ -251,6 +255,7 @@ Value Interpreter::EvalFor(const Node& n, Scope& outer) {
   }
   Array items;
   for (const Value& item : all) {
+    Step(n.line);
     if (n.c) {
       Scope test_scope(&scope);
       Bind(*n.a, item, test_scope, n.line);
@@ -263,6 +268,7 @@ Value Interpreter::EvalFor(const Node& n, Scope& outer) {
   ++loop_depth;
   const auto len = static_cast<double>(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
+    Step(n.line);
     const auto d = static_cast<double>(i);
     Object loop;
     loop.entries = {{"index", Value::Int(d + 1)},

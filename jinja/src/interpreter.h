@@ -46,6 +46,8 @@ class Interpreter {
   std::string RenderBlock(const NodeList& list, Scope& scope);
   Value Eval(const Node& n, Scope& scope);
   void CheckSize(size_t bytes, int line) const;
+  // Counts one evaluation step; throws a limit error past RenderOptions::max_steps.
+  void Step(int line);
   const RenderOptions& options() const { return options_; }
 
   enum class Flow { kNormal, kBreak, kContinue };

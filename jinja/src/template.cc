@@ -33,7 +33,7 @@ const std::string& Template::name() const { return program_->name; }
 
 Result<std::string> Template::Render(const nlohmann::ordered_json& context,
                                      const RenderOptions& options) const {
-  if (!context.is_object())
+  if (!context.is_object() && !context.is_null())
     return InvalidArgument("template '{}': the context must be a JSON object, got {}",
                            program_->name, context.type_name());
   try {

@@ -322,6 +322,8 @@ std::string ToJson(const Value& v, const JsonOptions& o, int depth) {
       throw TemplateError(0, "Cannot convert to JSON: FunctionValue");
     default: break;
   }
+  // The reference's toJSON has no case for tuples: printing one fails there too.
+  if (v.is_tuple()) throw TemplateError(0, "Cannot convert to JSON: TupleValue");
   std::string item_sep = o.custom_separators ? o.item_separator : o.indent > 0 ? "," : ", ";
   std::string key_sep = o.custom_separators ? o.key_separator : ": ";
   std::string pad = o.indent > 0 ? std::string(static_cast<size_t>(o.indent), ' ') : "";

@@ -72,7 +72,8 @@ class Template {
   static Result<Template> Parse(std::string_view source, std::string name = "template");
 
   // Renders with `context` (a JSON object: its keys are the template's
-  // variables; messages, tools, add_generation_prompt, bos_token, ...). Object
+  // variables; messages, tools, add_generation_prompt, bos_token, ...; null is
+  // an empty context). Object
   // key order is kept (tojson prints keys in that order).
   Result<std::string> Render(const nlohmann::ordered_json& context,
                              const RenderOptions& options = {}) const;
