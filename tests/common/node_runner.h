@@ -41,8 +41,8 @@ inline bool FileExists(const std::string& path) { return access(path.c_str(), R_
 inline std::string NodeReferenceMissing() {
   std::string modules = SourceDir() + "/tests/reference/npm/node_modules";
   if (system("command -v node >/dev/null 2>&1") != 0) return "node is not on PATH";
-  if (!FileExists(modules + "/.troupe-lock-sha256"))
-    return modules + " is not installed (run scripts/install-npm.sh)";
+  if (!FileExists(modules + "/.troupe-lock-sha"))
+    return modules + " is not installed (run scripts/install-npm-reference.sh)";
   return "";
 }
 

