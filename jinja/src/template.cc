@@ -59,4 +59,12 @@ Result<std::string> Template::Render(const nlohmann::ordered_json& context,
   }
 }
 
+Result<std::string> ToJsonText(const nlohmann::ordered_json& value) {
+  try {
+    return internal::ToJson(internal::Value::FromJson(value), internal::JsonOptions{});
+  } catch (const TemplateError& e) {
+    return InvalidArgument("tojson: {}", e.what());
+  }
+}
+
 }  // namespace troupe::jinja

@@ -85,4 +85,10 @@ class Template {
   std::shared_ptr<const internal::Program> program_;
 };
 
+// What {{ value | tojson }} prints (Python's separators, keys in the given
+// order, numbers as the reference prints them): how templates write tool-call
+// arguments, for code that must write them the same way. Fails on invalid
+// UTF-8 or nesting deeper than 200.
+Result<std::string> ToJsonText(const nlohmann::ordered_json& value);
+
 }  // namespace troupe::jinja
