@@ -80,8 +80,10 @@ struct ParsedTurn {
 ParsedTurn ParseToolCall(std::string_view turn_text,
                          ToolCallFormat format = ToolCallFormat::kTroupe);
 
-// Writes a call (for demonstrations and tests); arguments are written as a
-// template's tojson writes them in the Hermes and Llama 3 formats.
+// Writes a call (for demonstrations and tests); in the Hermes and Llama 3
+// formats arguments are written as the templates' tojson writes them
+// (JavaScript number printing: integers past 2^53 round, as in Hugging
+// Face's renderer).
 std::string FormatToolCall(std::string_view name,
                            const nlohmann::json& args = nlohmann::json::object(),
                            ToolCallFormat format = ToolCallFormat::kTroupe);
