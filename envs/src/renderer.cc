@@ -10,18 +10,22 @@ struct Renderer::TemplateMode {
   ChatTemplate tpl;
   ToolCallFormat format = ToolCallFormat::kTroupe;
   std::string lead;        // what the template writes before a reply's own text
+  std::string tail;        // whitespace it writes between a reply and EOS (Llama 2: " ")
   ojson env_base;          // [user probe, assistant probe]: the conversation tool turns follow
-  std::string env_prompt;  // the prompt of env_base; every tool render starts with it
+  std::string env_prompt;  // env_base's user message without the generation prompt; every
+                           // tool render starts with it
   std::string reply_end;   // the probe reply and EOS, after which a tool turn starts
   std::string tool_error;  // why tool turns cannot be rendered ("" when they can)
 };
 
 namespace {
 
-constexpr const char* kProbeUser = "TROUPE_PROBE_USER";
-constexpr const char* kProbeReply = "TROUPE_PROBE_REPLY";
-constexpr const char* kProbeReply2 = "TROUPE_PROBE_SECOND_REPLY";
-constexpr const char* kProbeTool = "TROUPE_PROBE_TOOL_OUTPUT";
+// Probe texts: mixed case and no edge whitespace, so a template that changes
+// them (upper, trim, ...) is caught.
+constexpr const char* kProbeUser = "TroupeProbeUser";
+constexpr const char* kProbeReply = "TroupeProbeReply";
+constexpr const char* kProbeReply2 = "TroupeProbeSecondReply";
+constexpr const char* kProbeTool = "TroupeProbeToolOutput";
 
 bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
@@ -67,7 +71,7 @@ std::string ProbeToolTurns(const Renderer::TemplateMode& t, const std::string& a
   Result<std::string> two = t.tpl.Render(msgs, /*add_generation_prompt=*/false);
   if (!two.ok()) return "it cannot render a reply after a tool message: " + two.status().message();
   size_t pos = two->find(t.reply_end, t.env_prompt.size());
-  std::string want = *env + t.lead + kProbeReply2 + eos + after_eos;
+  std::string want = *env + t.lead + kProbeReply2 + t.tail + eos + after_eos;
   if (pos == std::string::npos || two->substr(pos + t.reply_end.size()) != want)
     return "a second reply after a tool message renders differently from the first: expected " +
            Shown(want) + ", the template writes " +
@@ -114,11 +118,37 @@ Result<Renderer> Renderer::WithChatTemplate(const engine::Tokenizer& tokenizer,
   if (at == std::string::npos) return refuse("it does not render a reply's text as it is");
   t->lead = turn.substr(0, at);
   std::string after = turn.substr(at + std::string(kProbeReply).size());
-  if (!StartsWith(after, eos))
+  size_t eos_at = after.find(eos);
+  bool blank_tail = eos_at != std::string::npos &&
+                    after.find_first_not_of(" \t\n", 0) >= eos_at;
+  if (!blank_tail)
     return refuse("a reply does not end with the EOS token " + Shown(eos) + "; the template writes " +
                   Shown(after) + " after it");
-  t->env_prompt = *prompt;
-  t->reply_end = std::string(kProbeReply) + eos;
+  t->tail = after.substr(0, eos_at);
+  after = after.substr(eos_at);
+  // Tool renders start with the user turn; the reply after it may render
+  // differently once it is history (Qwen3 drops its empty <think> block).
+  Result<std::string> user_only = t->tpl.Render(user, /*add_generation_prompt=*/false);
+  if (!user_only.ok()) return refuse("it cannot render one user message: " + user_only.status().message());
+  if (!StartsWith(*prompt, *user_only))
+    return refuse("the prompt without the generation prompt is not a prefix of the prompt with it");
+  t->env_prompt = *user_only;
+  t->reply_end = std::string(kProbeReply) + t->tail + eos;
+  // The pieces are encoded one by one, as the engine produces them; they must
+  // give the ids of the whole text (a SentencePiece tokenizer that prepends
+  // "▁" to every text would not).
+  std::string reply_text = t->lead + kProbeReply + t->tail;
+  Result<std::vector<int32_t>> whole = tokenizer.Encode(*prompt + reply_text + eos, false, false);
+  Result<std::vector<int32_t>> head = tokenizer.Encode(*prompt, false, false);
+  Result<std::vector<int32_t>> piece = tokenizer.Encode(reply_text, false, true);
+  if (!whole.ok() || !head.ok() || !piece.ok())
+    return refuse("the tokenizer cannot encode what it renders: " +
+                  (!whole.ok() ? whole : !head.ok() ? head : piece).status().message());
+  head->insert(head->end(), piece->begin(), piece->end());
+  if (*head != *whole)
+    return refuse("the tokenizer encodes a reply differently on its own than after its prompt "
+                  "(e.g. a SentencePiece tokenizer that starts every text with a word boundary), "
+                  "so the engine's pieces would not be the ids of the rendered text");
   t->tool_error = ProbeToolTurns(*t, after.substr(eos.size()), eos);
   Renderer r(tokenizer, ChatFormat{});
   r.format_.add_bos = false;  // the template writes BOS (bos_token) into the text itself
@@ -252,6 +282,9 @@ Result<RenderedSequence> Renderer::RenderConversation(const Conversation& prompt
         std::string head = lead.substr(0, lead.find('\n'));
         if (!lead.empty() && (head.empty() || text.compare(0, head.size(), head) != 0))
           text = lead + text;
+        const std::string& tail = template_->tail;
+        if (text.size() < tail.size() || text.compare(text.size() - tail.size(), tail.size(), tail) != 0)
+          text += tail;
       }
       TROUPE_ASSIGN_OR_RETURN(ids, RenderAssistantTurn(text));
       mask = 1;

@@ -33,7 +33,7 @@
 // probed once at construction and refused, naming why, when the pieces cannot
 // be told apart: the generation prompt is not a prefix of the conversation
 // with a reply, replies do not end with the tokenizer's EOS token (or write
-// text between the reply and EOS), a tool message changes how the prompt
+// text other than whitespace between the reply and EOS), a tool message changes how the prompt
 // renders, the tool output does not appear, or a second reply after a tool
 // message renders differently from the first. A template that renders no
 // tool messages (Llama 2) still renders single-turn prompts; its tool turns
@@ -41,7 +41,8 @@
 // instructions, demonstrations) is rewritten into the template's tool-call
 // format (tool_call.h); demonstrations' replies start with the text the
 // template puts before every reply (Qwen3 without enable_thinking=false:
-// "<think>\n\n</think>\n\n").
+// "<think>\n\n</think>\n\n") and end with the whitespace it puts before EOS
+// (Llama 2: " ").
 //
 // Thread safety: a Renderer is immutable; it borrows the tokenizer, which must
 // outlive it. Encoding failures (a character outside a character tokenizer's
