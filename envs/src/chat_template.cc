@@ -88,6 +88,8 @@ Result<ChatTemplate> ChatTemplate::FromTokenizerConfig(const nlohmann::json& con
 }
 
 Result<ChatTemplate> ChatTemplate::Load(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return NotFound("{}: no such model folder or file", path);
   std::string file = ConfigPath(path);
   std::ifstream in(file);
   if (!in) return NotFound("{}: cannot be read", file);

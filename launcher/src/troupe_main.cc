@@ -8,6 +8,7 @@
 //   troupe scale [RUN] rollout=N [reward=M]               grow or shrink a role while it runs
 //   troupe stop [RUN]                                     graceful stop (learner checkpoints)
 //   troupe config-keys                                    every config key with its doc
+//   troupe chat-template DIR CONVERSATION.json [--ids]    a model folder's chat template
 // RUN defaults to the latest run (runs/latest). Errors are one line and exit 1
 // (2 for bad arguments or config).
 #include <signal.h>
@@ -32,6 +33,7 @@
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
 #include "troupe/launcher/subprocess.h"
+#include "chat_template_cmd.h"
 #include "remote_spawner.h"
 #include "troupe/transport/curve.h"
 #include "troupe/transport/zmq_network.h"
@@ -539,6 +541,9 @@ int main(int argc, char** argv) {
   auto* keys =
       app.add_subcommand("config-keys", "list every job config key with its type, default and doc");
 
+  ChatTemplateArgs chat_template_args;
+  auto* chat_template = AddChatTemplateCommand(app, &chat_template_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -554,5 +559,6 @@ int main(int argc, char** argv) {
   if (*scale) return CmdScale(runs_dir, pos);
   if (*stop) return CmdStop(runs_dir, pos, wait_s);
   if (*keys) return CmdConfigKeys();
+  if (*chat_template) return RunChatTemplate(chat_template_args);
   return 2;
 }

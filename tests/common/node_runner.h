@@ -1,5 +1,5 @@
-// Runs a reference script under Node as a real child process for parity
-// tests: stdin from a string, stdout captured, stderr to a file, a bounded
+// Runs a reference script under Node (or any program) as a real child
+// process for parity tests: stdin from a string, stdout captured, stderr to a file, a bounded
 // wait (the child is SIGKILLed and reaped when it overruns). Test-only.
 #pragma once
 
@@ -26,6 +26,7 @@ struct NodeResult {
   bool ok = false;      // exited 0 within the deadline
   std::string out;      // stdout
   std::string error;    // why not ok (exit status, timeout, stderr excerpt)
+  std::string err;      // stderr
 };
 
 // The repository root (TROUPE_SOURCE_DIR, set by troupe_add_test).
@@ -46,9 +47,9 @@ inline std::string NodeReferenceMissing() {
   return "";
 }
 
-// Runs `node script args...` with `input` on stdin, TZ=UTC and an en-US locale.
-inline NodeResult RunNode(const std::string& script, const std::vector<std::string>& args,
-                          const std::string& input, int timeout_s = 120) {
+// Runs argv (argv[0] found on PATH) with `input` on stdin, TZ=UTC and an en-US locale.
+inline NodeResult RunProcess(const std::vector<std::string>& argv_in, const std::string& input,
+                             int timeout_s = 120) {
   NodeResult r;
   char in_path[] = "/tmp/troupe-node-in-XXXXXX";
   char err_path[] = "/tmp/troupe-node-err-XXXXXX";
@@ -73,8 +74,7 @@ inline NodeResult RunNode(const std::string& script, const std::vector<std::stri
   posix_spawn_file_actions_adddup2(&fa, out_pipe[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
   posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
-  std::vector<std::string> argv_s = {"node", script};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<std::string> argv_s = argv_in;
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -91,14 +91,14 @@ inline NodeResult RunNode(const std::string& script, const std::vector<std::stri
   for (auto& e : env_s) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, "node", &fa, nullptr, argv.data(), envp.data());
+  int rc = posix_spawnp(&pid, argv_s[0].c_str(), &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   close(out_pipe[1]);
   close(in_fd);
   if (rc != 0) {
     close(out_pipe[0]);
     close(err_fd);
-    r.error = "cannot start node";
+    r.error = "cannot start " + argv_s[0];
     return r;
   }
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
@@ -129,13 +129,22 @@ inline NodeResult RunNode(const std::string& script, const std::vector<std::stri
   unlink(in_path);
   unlink(err_path);
   if (timed_out) {
-    r.error = "node did not finish within " + std::to_string(timeout_s) + " s";
+    r.error = argv_s[0] + " did not finish within " + std::to_string(timeout_s) + " s";
   } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    r.error = "node failed: " + err.str().substr(0, 2000);
+    r.error = argv_s[0] + " failed: " + err.str().substr(0, 2000);
   } else {
     r.ok = true;
   }
+  r.err = err.str();
   return r;
+}
+
+// Runs `node script args...` (see RunProcess).
+inline NodeResult RunNode(const std::string& script, const std::vector<std::string>& args,
+                          const std::string& input, int timeout_s = 120) {
+  std::vector<std::string> argv = {"node", script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunProcess(argv, input, timeout_s);
 }
 
 }  // namespace troupe::testing

