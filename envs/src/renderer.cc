@@ -156,6 +156,24 @@ Result<Renderer> Renderer::WithChatTemplate(const engine::Tokenizer& tokenizer,
   return r;
 }
 
+Result<std::unique_ptr<Renderer>> MakeRenderer(const engine::Tokenizer& tokenizer,
+                                               const std::string& model_dir,
+                                               const ChatConfig& chat) {
+  TROUPE_RETURN_IF_ERROR(chat.Validate());
+  bool use_template = chat.format == "template" ||
+                      (chat.format == "auto" && !model_dir.empty() && ChatTemplate::Available(model_dir));
+  if (!use_template) {
+    TROUPE_ASSIGN_OR_RETURN(ChatFormat f, ChatFormat::ByName(chat.format == "auto" ? "compact" : chat.format));
+    return std::make_unique<Renderer>(tokenizer, std::move(f));
+  }
+  if (model_dir.empty())
+    return InvalidArgument("chat.format is template but the tokenizer has no model folder (tokenizer.path)");
+  TROUPE_ASSIGN_OR_RETURN(ChatTemplate tpl, ChatTemplate::Load(model_dir));
+  for (const auto& [name, value] : chat.variables) tpl.SetVariable(name, ojson::parse(value));
+  TROUPE_ASSIGN_OR_RETURN(Renderer r, Renderer::WithChatTemplate(tokenizer, std::move(tpl)));
+  return std::make_unique<Renderer>(std::move(r));
+}
+
 const ChatTemplate* Renderer::chat_template() const {
   return template_ ? &template_->tpl : nullptr;
 }

