@@ -1,5 +1,7 @@
 #include "troupe/envs/config.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <set>
 
@@ -119,6 +121,20 @@ Status TaskConfig::Validate() const {
   if (k == "file_reverse" || k == "file_sort") TROUPE_RETURN_IF_ERROR(ctx(workspace.Validate()));
   if (!(weight >= 0.0 && weight <= 1e6))
     return InvalidArgument("task '{}': weight = {} must be in [0, 1e6]", name, weight);
+  return Status::Ok();
+}
+
+Status ChatConfig::Validate() const {
+  if (format != "auto" && format != "template" && format != "compact" && format != "tagged")
+    return InvalidArgument("chat.format '{}' is not one of auto, template, compact, tagged",
+                           format.substr(0, 40));
+  for (const auto& [name, value] : variables) {
+    if (name.empty() || name.size() > 64)
+      return InvalidArgument("chat.variables: a name must be 1-64 characters");
+    if (!nlohmann::json::accept(value))
+      return InvalidArgument("chat.variables.{}: '{}' is not JSON (strings need quotes)", name,
+                             value.substr(0, 40));
+  }
   return Status::Ok();
 }
 

@@ -9,6 +9,7 @@
 //   troupe stop [RUN]                                     graceful stop (learner checkpoints)
 //   troupe config-keys                                    every config key with its doc
 //   troupe tokenize DIR [--decode]                        a model folder's tokenizer on stdin
+//   troupe chat-template DIR CONVERSATION.json [--ids]    a model folder's chat template
 // RUN defaults to the latest run (runs/latest). Errors are one line and exit 1
 // (2 for bad arguments or config).
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
 #include "troupe/launcher/subprocess.h"
+#include "chat_template_cmd.h"
 #include "remote_spawner.h"
 #include "tokenize_cmd.h"
 #include "troupe/transport/curve.h"
@@ -543,6 +545,8 @@ int main(int argc, char** argv) {
 
   TokenizeArgs tokenize_args;
   auto* tokenize = AddTokenizeCommand(app, &tokenize_args);
+  ChatTemplateArgs chat_template_args;
+  auto* chat_template = AddChatTemplateCommand(app, &chat_template_args);
 
   try {
     app.parse(argc, argv);
@@ -563,6 +567,7 @@ int main(int argc, char** argv) {
     if (*stop) return CmdStop(runs_dir, pos, wait_s);
     if (*keys) return CmdConfigKeys();
     if (*tokenize) return RunTokenize(tokenize_args);
+    if (*chat_template) return RunChatTemplate(chat_template_args);
   } catch (const std::exception& e) {
     return Fail(std::string("unexpected error (please report it): ") + e.what(), 1);
   }

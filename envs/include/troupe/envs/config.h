@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/core/status.h"
@@ -83,6 +84,20 @@ struct TaskConfig {
 
   // The effective kind (`kind`, or `name` when empty).
   const std::string& effective_kind() const { return kind.empty() ? name : kind; }
+  Status Validate() const;
+};
+
+// How prompts and replies are rendered (renderer.h, chat_template.h).
+struct ChatConfig {
+  // "auto" (default): the model folder's chat template when it has one (a
+  // Hugging Face tokenizer with tokenizer_config.json's chat_template), else
+  // the compact format; "template": the chat template, an error when there is
+  // none; "compact" or "tagged": that fixed format (character tokenizers).
+  std::string format = "auto";
+  // Template variables, Hugging Face's chat_template_kwargs: name -> JSON text,
+  // e.g. {"enable_thinking": "false"}. Default none.
+  std::vector<std::pair<std::string, std::string>> variables;
+
   Status Validate() const;
 };
 
