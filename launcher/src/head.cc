@@ -933,6 +933,7 @@ std::vector<ActorStatus> Head::Impl::Snapshot() const {
     s.restarts = r.restarts;
     s.last_heartbeat_ns = r.last_heartbeat_ns;
     s.stats = r.stats;
+    for (const auto& [name, address] : r.endpoints) s.endpoints[name] = address;
     out.push_back(std::move(s));
   }
   return out;

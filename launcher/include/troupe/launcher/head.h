@@ -60,6 +60,7 @@ struct ActorStatus {
   uint32_t restarts = 0;
   int64_t last_heartbeat_ns = 0;
   std::map<std::string, double> stats;
+  std::map<std::string, std::string> endpoints;  // what it serves, by purpose ("data", "weights")
 };
 
 // What the head knows at the end of a job.
