@@ -19,15 +19,14 @@
 // again with their fate, never trained twice) and its timers.
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <set>
 #include <cstdio>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "async_broadcaster.h"
 #include "batch_codec.h"
 #include "batch_ledger.h"
 #include "credit_book.h"
@@ -49,78 +48,6 @@ namespace {
 spdlog::logger& Log() {
   return log::Get("learner");
 }
-
-// Publishes weight versions on a background thread, coalescing: while one
-// broadcast runs, only the newest pending version is kept.
-class AsyncBroadcaster {
- public:
-  explicit AsyncBroadcaster(broadcast::WeightSender* sender)
-      : sender_(sender), thread_([this] { Loop(); }) {}
-  ~AsyncBroadcaster() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // Snapshots `named` (the learner keeps training) and queues it.
-  void Publish(uint64_t version, const engine::NamedTensors& named) {
-    broadcast::NamedTensors copy;
-    copy.reserve(named.size());
-    for (const auto& [n, t] : named) copy.emplace_back(n, t.detach().clone());
-    std::lock_guard<std::mutex> g(mu_);
-    next_version_ = version;
-    next_ = std::move(copy);
-    has_next_ = true;
-    cv_.notify_all();
-  }
-  // Blocks until everything queued was broadcast (or the deadline).
-  bool WaitIdle(Deadline deadline) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_until(l, deadline.at(), [&] { return !has_next_ && !busy_; });
-  }
-  uint64_t published() const { return published_.load(); }
-  uint64_t failures() const { return failures_.load(); }
-  double last_seconds() const { return last_seconds_.load(); }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> l(mu_);
-    while (true) {
-      cv_.wait(l, [&] { return stop_ || has_next_; });
-      if (stop_) return;
-      uint64_t v = next_version_;
-      broadcast::NamedTensors named = std::move(next_);
-      has_next_ = false;
-      busy_ = true;
-      l.unlock();
-      auto t0 = std::chrono::steady_clock::now();
-      Status s = sender_->Broadcast(v, named, Deadline::InMs(60000));
-      last_seconds_ = SecondsSince(t0);
-      if (s.ok()) {
-        published_ = v;
-      } else {
-        failures_.fetch_add(1);
-        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "broadcast of version {} failed: {}",
-                            v, s.ToString());
-      }
-      l.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-
-  broadcast::WeightSender* sender_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false, has_next_ = false, busy_ = false;
-  uint64_t next_version_ = 0;
-  broadcast::NamedTensors next_;
-  std::atomic<uint64_t> published_{0}, failures_{0};
-  std::atomic<double> last_seconds_{0};
-  std::thread thread_;
-};
 
 struct EvalResult {
   double accuracy = 0, reward = 0;

@@ -18,6 +18,7 @@
 #include "progress.h"
 #include "troupe/core/exit_codes.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/transport/message.h"
 
 namespace troupe::launcher {
@@ -165,7 +166,7 @@ class Head::Impl {
 
   Status Run();
   JobSummary summary() const {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     return summary_;
   }
   std::vector<ActorStatus> Snapshot() const;
@@ -237,8 +238,8 @@ class Head::Impl {
   int shutdown_phase_ = 0;
   std::ofstream metrics_;
   Progress progress_;
-  mutable std::mutex summary_mu_;
-  JobSummary summary_;
+  mutable Mutex summary_mu_;
+  JobSummary summary_ TROUPE_GUARDED_BY(summary_mu_);
   bool finished_ = false;
   int stop_requests_seen_offset_ = 0;
   // Every incarnation of removed actors (scaled down): for the accounting.
@@ -313,7 +314,7 @@ void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
                 max_restarts);
     if (r.role == o_.completion_role) {
       BeginShutdown(r.id + " failed: " + why, false);
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.failure = r.id + " failed after " + std::to_string(r.restarts) + " restarts: " + why;
     }
     return;
@@ -348,7 +349,7 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
         r.id + " stopped" + (last.empty() ? std::string(" with a fatal error (exit 4)") : ": " + last);
     Log().error("{}; stopping the job", why);
     {
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.failure = why;
     }
     BeginShutdown(why, false);
@@ -358,7 +359,7 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
     SetState(r, ActorState::EXITED);
     Log().info("{} finished the job", r.id);
     {
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.completed = true;
     }
     BeginShutdown("job complete", false);
@@ -451,7 +452,7 @@ void Head::Impl::WriteFailed(const std::string& path) {
                           " (the run folder is full or not writable)";
   Log().error("{}; stopping the job", why);
   {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     if (summary_.failure.empty()) summary_.failure = why;
   }
   BeginShutdown(why, false);
@@ -461,7 +462,7 @@ void Head::Impl::BeginShutdown(const std::string& why, bool stopped) {
   if (shutting_down_) return;
   shutting_down_ = true;
   {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     summary_.stopped = stopped;
   }
   Log().info("shutting down: {}", why);
@@ -727,7 +728,7 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   if (kind == "final") {
     if (Record* r = Find(sender)) r->final_report = stats;
   } else if (kind == "summary") {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     summary_.learner_summary = stats;
   }
   progress_.OnMetrics(kind, mt.getStep(), stats);
@@ -875,7 +876,7 @@ Status Head::Impl::Run() {
   // Drain what the actors said last (final reports).
   HandleMessages();
   WriteSummary();
-  std::lock_guard<std::mutex> g(summary_mu_);
+  MutexLock g(summary_mu_);
   if (!summary_.failure.empty()) return Internal("{}", summary_.failure);
   return Status::Ok();
 }
@@ -899,7 +900,7 @@ void Head::Impl::WriteSummary() {
   std::vector<IncarnationReport> reports = retired_reports_;
   for (const auto& [id, r] : actors_) CollectReports(r, &reports);
   const Accounting acc = SumAccounting(reports);
-  std::lock_guard<std::mutex> g(summary_mu_);
+  MutexLock g(summary_mu_);
   summary_.accounting = acc.terms;
   summary_.accounting_problems = acc.problems;
   nlohmann::json j;
