@@ -177,6 +177,7 @@ class LearnerRole {
   uint64_t skipped_updates_ = 0;          // updates with no learning signal (every group uniform)
   uint64_t ack_checkpoints_ = 0;          // early checkpoints taken to release acks
   uint64_t redelivered_decided_ = 0;      // copies of batches the ledger had decided (answered)
+  uint64_t copies_of_held_ = 0;           // copies of batches still waiting for their answer
   std::map<std::string, std::chrono::steady_clock::time_point>
       absent_since_;  // rollout actors holding grants, missing from the directory since
 };
@@ -531,6 +532,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   // restarted learner): answered with the first copy when that is answered,
   // or now with the fate the ledger recorded. Never offered again.
   if (Held* first = Unanswered(id)) {
+    ++copies_of_held_;
     first->deliveries.push_back(std::move(d));
     return;
   }
@@ -895,7 +897,8 @@ void LearnerRole::Finish() {
   fin["unreadable_batches"] = static_cast<double>(invalid_unreadable_);
   fin["unreadable_sequences"] = static_cast<double>(invalid_unreadable_seqs_);
   fin["queued_sequences"] = 0;
-  fin["duplicates"] = static_cast<double>(c.duplicate_batches + redelivered_decided_);
+  fin["duplicates"] =
+      static_cast<double>(c.duplicate_batches + redelivered_decided_ + copies_of_held_);
   fin["skipped_updates"] = static_cast<double>(skipped_updates_);
   fin["ack_checkpoints"] = static_cast<double>(ack_checkpoints_);
   fin["ledger_batches"] = static_cast<double>(ledger_->size());
@@ -968,7 +971,9 @@ Status LearnerRole::Run() {
                     {"credits_granted", static_cast<double>(credits_->granted())},
                     {"skipped_updates", static_cast<double>(skipped_updates_)},
                     {"ack_checkpoints", static_cast<double>(ack_checkpoints_)},
-                    {"duplicates", static_cast<double>(c.duplicate_batches)},
+                    {"duplicates", static_cast<double>(c.duplicate_batches +
+                                                       redelivered_decided_ + copies_of_held_)},
+                    {"copies_of_held", static_cast<double>(copies_of_held_)},
                     {"broadcast_failures", static_cast<double>(broadcaster_->failures())},
                     {"redelivered_decided", static_cast<double>(redelivered_decided_)},
                     {"unreadable_batches", static_cast<double>(invalid_unreadable_)}};
