@@ -85,6 +85,7 @@ Status ChunkSender::Send(const std::vector<std::string>& endpoints, const Layout
     chunk.bucket = static_cast<uint32_t>(begin / layout.bucket_bytes);
     chunk.bucket_offset = begin % layout.bucket_bytes;
     chunk.last = c + 1 == chunks;
+    chunk.token = layout.token;
     // The stream buffer is page-aligned and padded past total_bytes, chunks start at multiples
     // of chunk_bytes (a multiple of 8): the payload goes out without a copy.
     TROUPE_ASSIGN_OR_RETURN(
@@ -161,6 +162,11 @@ Status ChunkReceiver::Receive(const Layout& layout, const std::string& from, uin
     }
     const proto::ChunkMsg& chunk = msg->chunk;
     if (chunk.version != layout.version || chunk.transfer != layout.transfer) continue;  // stale
+    if (chunk.token != layout.token) {
+      Refuse(in->peer, msg->sender, fmt::format("a chunk of version {} without its transfer's token",
+                                                layout.version));
+      continue;
+    }
     uint64_t offset = 0;
     if (!chunk.Absolute(layout.bucket_bytes, &offset) || offset != expected)
       return ProtocolError("chunk of version {} at offset {} (expected {})", layout.version, offset,

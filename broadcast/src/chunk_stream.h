@@ -12,7 +12,10 @@
 // copy. Sockets come from the owner's transport::Network, so CURVE, size
 // limits, counters and deadlines are the transport's. A receiver takes chunks
 // only from the peer the protocol names (the learner, or its predecessor on a
-// chain); anything else is dropped and counted (rejected.unexpected).
+// chain) and only with the transfer's token (Layout::token, random per
+// transfer, sent in the manifest on the control socket): anything else is
+// dropped and counted (rejected.unexpected), so a peer that can reach a data
+// socket but not the control channel cannot inject weights.
 //
 // Threading: each object belongs to one thread (its WeightSender's or
 // WeightReceiver's).

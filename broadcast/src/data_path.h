@@ -96,6 +96,8 @@ class SenderPath {
   virtual Status Send(const Layout& layout, const Stream& stream,
                       const std::vector<PathMember>& members, Deadline deadline,
                       const Interrupt& interrupt, uint64_t* bytes_sent) = 0;
+  // Every member acknowledged a transfer of the current group: each of them formed it.
+  virtual void Acknowledged() {}
   // Drops the current group (a broken one is destroyed in the background).
   virtual void Abort() = 0;
 };

@@ -185,10 +185,11 @@ class GlooSenderPath final : public SenderPath {
     TROUPE_RETURN_IF_ERROR(gloo_->Transfer(stream.owner, stream.data, layout,
                                            c_.config->gloo_algorithm, deadline, nullptr));
     *bytes_sent += layout.total_bytes;  // handed to gloo once
-    // Every member formed its group by now (each took part): nobody needs the store.
-    rendezvous_.reset();
     return Status::Ok();
   }
+
+  // Every member formed its group (each received a transfer of it): nobody needs the store.
+  void Acknowledged() override { rendezvous_.reset(); }
 
   void Abort() override {
     c_.reaper->Add(std::move(gloo_));

@@ -169,6 +169,7 @@ Status DecodeManifest(wire::WeightsManifest::Reader w, ManifestMsg* out) {
   out->shm_segment = Text(w.getShmSegment(), "shmSegment");
   out->shm_offset = w.getShmOffset();
   out->shm_generation = w.getShmGeneration();
+  l.token = w.getChunkToken();
   return Status::Ok();
 }
 
@@ -178,6 +179,7 @@ Status DecodeChunk(wire::WeightsChunk::Reader c, ChunkMsg* out) {
   out->bucket = c.getBucket();
   out->bucket_offset = c.getOffset();
   out->last = c.getLast();
+  out->token = c.getToken();
   if (c.hasData() && c.getData().size() > 0)
     return ProtocolError("WeightsChunk carries inline data; the bytes belong in `payload`");
   if (!c.hasPayload()) return ProtocolError("WeightsChunk without a payload");
@@ -318,6 +320,7 @@ transport::OutMessage EncodeManifest(const Header& h, const ManifestMsg& m) {
   w.setShmSegment(m.shm_segment);
   w.setShmOffset(m.shm_offset);
   w.setShmGeneration(m.shm_generation);
+  w.setChunkToken(l.token);
   return out;
 }
 
@@ -347,6 +350,7 @@ Result<transport::OutMessage> EncodeChunk(const Header& h, const ChunkMsg& m,
   c.setOffset(m.bucket_offset);
   c.setLast(m.last);
   c.setTransfer(m.transfer);
+  c.setToken(m.token);
   const int64_t n = static_cast<int64_t>(payload.bytes);
   TROUPE_RETURN_IF_ERROR(
       out.SetTensor(c.initPayload(), wire::DType::UINT8, {n}, std::move(payload)));

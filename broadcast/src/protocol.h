@@ -85,6 +85,7 @@ struct ChunkMsg {
   uint32_t bucket = 0;         // bucket the chunk starts in
   uint64_t bucket_offset = 0;  // offset inside that bucket
   bool last = false;
+  uint64_t token = 0;  // the transfer's chunk token (from its manifest)
   // Received chunks: the payload, a view into the message's frame (valid while it lives).
   transport::TensorView payload;
   // Absolute offset in the stream; false on overflow.

@@ -11,8 +11,8 @@
 // with a random key prefix; both travel only in the epoch's BroadcastGroup on
 // the control socket, and the server answers only the epoch's members and only
 // keys under that prefix (others are refused and counted as
-// rejected.unexpected). The learner closes it once the epoch's first transfer
-// completed (every member formed its group by then).
+// rejected.unexpected). The learner closes it once every member acknowledged
+// a transfer of the epoch (each formed its group by then), or at the next epoch.
 //
 // Semantics follow c10d::Store: get and wait hold the request until the keys
 // exist or the timeout passes (then the caller's c10d call throws a timeout).

@@ -110,10 +110,12 @@ class WeightSender::Impl {
     int catch_up_failures = 0;        // consecutive; dropped after kMaxCatchUpFailures
     uint64_t acked_version = 0;
     uint64_t accepted_epoch = 0;
-    uint64_t ack_transfer = 0;  // last Ack received
-    uint64_t ack_version = 0;
-    bool ack_ok = false;
-    std::string ack_reason;
+    struct Ack {
+      bool ok = false;
+      std::string reason;
+    };
+    // By (transfer, version): a late ack of an earlier transfer changes nothing.
+    std::map<std::pair<uint64_t, uint64_t>, Ack> acks;
   };
 
   // --- service thread
@@ -348,10 +350,8 @@ void WeightSender::Impl::Handle(const transport::Incoming& in) {
       m->accepted_epoch = std::max(m->accepted_epoch, msg->group.epoch);
       break;
     case Kind::kAck:
-      m->ack_transfer = msg->ack.transfer;
-      m->ack_version = msg->ack.version;
-      m->ack_ok = msg->ack.ok;
-      m->ack_reason = msg->ack.reason;
+      m->acks[{msg->ack.transfer, msg->ack.version}] = Member::Ack{msg->ack.ok, msg->ack.reason};
+      while (m->acks.size() > 8) m->acks.erase(m->acks.begin());
       break;
     default:
       break;
@@ -518,6 +518,7 @@ Status WeightSender::Impl::CatchUp(Member& member) {
   const std::string id = member.id, endpoint = member.data_endpoint;  // `member` may go away
   Layout layout = current_;
   layout.transfer = kCatchUpBit | ++catch_up_counter_;
+  layout.token = transport::RandomIncarnation();
   proto::ManifestMsg manifest;
   manifest.layout = layout;
   auto t0 = Clock::now();
@@ -722,17 +723,17 @@ Status WeightSender::Impl::Transfer(Deadline deadline, BroadcastReport* report) 
     Member* m = Find(id);
     if (m == nullptr || m->gone || m->state != MemberState::kMember)
       return Unavailable("member {} of epoch {} is gone", id, epoch_);
-    m->ack_transfer = 0;
-    m->ack_ok = false;
   }
   // Manifests: what the backend tells each member (shm: local members get the segment).
   // Members told the same thing share one encoded message.
   const std::vector<PathMember> members = PathMembers(group_);
+  Layout sent = current_;
+  sent.transfer = epoch_;
+  sent.token = transport::RandomIncarnation();
   std::map<std::string, transport::OutMessage> encoded;
   for (const PathMember& pm : members) {
     proto::ManifestMsg manifest;
-    manifest.layout = current_;
-    manifest.layout.transfer = epoch_;
+    manifest.layout = sent;
     path_->Describe(pm, &manifest);
     auto it = encoded.find(manifest.shm_segment);
     if (it == encoded.end())
@@ -740,12 +741,11 @@ Status WeightSender::Impl::Transfer(Deadline deadline, BroadcastReport* report) 
     if (!SendTo(pm.id, it->second))
       return Unavailable("cannot send the manifest of version {} to {}", current_.version, pm.id);
   }
-  Layout sent = current_;
-  sent.transfer = epoch_;
   TROUPE_RETURN_IF_ERROR(path_->Send(sent, current_stream_, members, deadline, ServeWhileBlocked(),
                                      &stats_.bytes_sent));
   Status st = WaitAcks(group_, sent.version, sent.transfer, deadline);
   report->transfer_seconds = Seconds(t0, Clock::now());
+  if (st.ok()) path_->Acknowledged();
   return st;
 }
 
@@ -762,11 +762,11 @@ Status WeightSender::Impl::WaitAcks(const std::vector<std::string>& ids, uint64_
                       (m->state == MemberState::kMember || (transfer & kCatchUpBit) != 0);
       if (!expected) {
         gone.push_back(id);
-      } else if (m->ack_transfer == transfer && m->ack_version == version) {
-        if (m->ack_ok) {
+      } else if (auto a = m->acks.find({transfer, version}); a != m->acks.end()) {
+        if (a->second.ok) {
           ++now_acked;
         } else {
-          rejected.push_back(fmt::format("{}: {}", id, m->ack_reason));
+          rejected.push_back(fmt::format("{}: {}", id, a->second.reason));
         }
       } else {
         missing.push_back(id);

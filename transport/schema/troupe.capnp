@@ -294,6 +294,8 @@ struct WeightsManifest {
   shmSegment @8 :Text;         # shm backend: POSIX shm name holding this version (empty: not via shm)
   shmOffset @9 :UInt64;        # shm backend: byte offset of the stream inside the segment
   shmGeneration @10 :UInt64;   # shm backend: slot generation (seqlock) the reader must see before and after
+  chunkToken @11 :UInt64;      # random per transfer: every WeightsChunk of it carries the same token
+                               # (a peer that cannot read the manifest cannot forge its chunks)
 }
 
 struct TensorSlot {
@@ -315,6 +317,7 @@ struct WeightsChunk {
   last @4 :Bool;               # last chunk of the whole broadcast
   transfer @5 :UInt64;         # the manifest's epoch field: group epoch, or a catch-up id (top bit set)
   payload @6 :Tensor;          # uint8 [n]: the chunk's bytes (their own frame, sent without a copy)
+  token @7 :UInt64;            # the manifest's chunkToken
 }
 
 # learner -> members: the broadcast group for an epoch.
