@@ -4,10 +4,16 @@
 // the multi-process test covers crashes.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
 #include <future>
 #include <map>
 #include <random>
+#include <set>
+#include <sstream>
 
 #include "troupe/broadcast/receiver.h"
 #include "troupe/broadcast/sender.h"
@@ -265,6 +271,52 @@ TEST(Inproc, NewcomerWhoseCatchUpFailsDoesNotStallTheGroup) {
       EXPECT_NE(m.state, "member");
     }
   }
+}
+
+// Local addresses (hex, as /proc/net/tcp{,6} print them) of every TCP socket this process
+// listens on.
+std::vector<std::string> ListeningAddresses() {
+  std::set<std::string> inodes;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      char target[256] = {0};
+      std::string link = std::string("/proc/self/fd/") + e->d_name;
+      if (::readlink(link.c_str(), target, sizeof(target) - 1) <= 0) continue;
+      std::string t = target;
+      if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+    }
+    ::closedir(d);
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state == "0A" && inodes.count(inode)) out.push_back(local.substr(0, local.find(':')));
+    }
+  }
+  return out;
+}
+
+// For a local job every socket of the broadcast (control, data, gloo's rendezvous and pairs)
+// binds loopback: c10d's TCPStore, which listens on every interface, is not used.
+TEST(Inproc, NothingOfTheBroadcastListensOnAWildcardAddress) {
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kGloo), *net);
+  ASSERT_TRUE(sender.ok());
+  auto a = CheckedReceiver::Make("a", (*sender)->endpoint(), WireDtype::kAsStored);
+  auto b = CheckedReceiver::Make("b", (*sender)->endpoint(), WireDtype::kAsStored);
+  ASSERT_TRUE((*sender)->WaitForMembers(2, Deadline::InMs(20000)).ok());
+  RunVersions(**sender, 1, 1);
+  auto listening = ListeningAddresses();
+  EXPECT_GE(listening.size(), 3u);  // at least the control socket and both data sockets
+  const std::set<std::string> loopback = {"0100007F", "0000000000000000FFFF00000100007F",
+                                          "00000000000000000000000001000000"};
+  for (const auto& addr : listening) EXPECT_TRUE(loopback.count(addr)) << "listening on " << addr;
 }
 
 TEST(Inproc, VersionsMustIncreaseAndBadTensorsAreRejected) {
