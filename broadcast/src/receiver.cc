@@ -552,8 +552,13 @@ Status WeightReceiver::Impl::Deliver(const Layout& layout, const Landed& landed,
       ++mailbox_seq_;
     }
   });
-  if (Log().should_log(spdlog::level::debug))
+  if (config_.verify_checksums && !layout.checksums.empty() &&
+      layout.version % kChecksumTraceEvery == 0) {
+    Log().info("holding version {}: stream checksum {:016x} (verified)", layout.version,
+               StreamChecksum(layout));
+  } else if (Log().should_log(spdlog::level::debug)) {
     Log().debug("holding version {} ({})", layout.version, catch_up ? "catch-up" : "broadcast");
+  }
   return Status::Ok();
 }
 

@@ -675,6 +675,9 @@ void WeightSender::Impl::RunJob(Job& job) {
       report.members = group_;
       for (const auto& id : group_)
         if (Member* m = Find(id)) m->acked_version = job.version;
+      if (!current_.checksums.empty() && job.version % kChecksumTraceEvery == 0)
+        Log().info("version {} reached {} member(s): stream checksum {:016x}", job.version,
+                   group_.size(), StreamChecksum(current_));
       return finish(Status::Ok());
     }
     ++stats_.attempts_failed;

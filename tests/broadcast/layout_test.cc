@@ -105,6 +105,20 @@ TEST(Layout, ChecksumDetectsAFlippedBitAndNamesTheBucket) {
   EXPECT_TRUE(VerifyChecksums(p.layout, p.bytes.data()).ok());
 }
 
+// The stream checksum both sides log: the same for the same bytes, different when one bucket
+// differs, 0 without checksums.
+TEST(Layout, StreamChecksumFollowsEveryBucket) {
+  auto w = MakeWeights(Seed(), 4);
+  Packed a = PackAll(w, WireDtype::kAsStored, 8192, true);
+  Packed b = PackAll(w, WireDtype::kAsStored, 8192, true);
+  EXPECT_EQ(StreamChecksum(a.layout), StreamChecksum(b.layout));
+  EXPECT_NE(StreamChecksum(a.layout), 0u);
+  b.bytes[b.bytes.size() / 2] ^= 1;
+  ComputeChecksums(&b.layout, b.bytes.data());
+  EXPECT_NE(StreamChecksum(a.layout), StreamChecksum(b.layout));
+  EXPECT_EQ(StreamChecksum(PackAll(w, WireDtype::kAsStored, 8192, false).layout), 0u);
+}
+
 TEST(Layout, ChecksumDependsOnEveryByteAndLength) {
   std::vector<uint8_t> a(1000, 7);
   uint64_t h = Checksum64(a.data(), a.size());

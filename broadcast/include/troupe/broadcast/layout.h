@@ -92,6 +92,12 @@ uint64_t Checksum64(const void* data, size_t size, uint64_t seed = 0);
 void ComputeChecksums(Layout* layout, const uint8_t* flat);
 // Verifies layout.checksums (no-op when empty); the error names the first bad bucket.
 Status VerifyChecksums(const Layout& layout, const uint8_t* flat);
+// One checksum of the whole stream, from its bucket checksums (0 when it has none). Equal on
+// the learner and on a receiver whose VerifyChecksums passed: both hold the same bytes.
+uint64_t StreamChecksum(const Layout& layout);
+// With checksums on, the learner and every receiver log the stream checksum of each version
+// that is a multiple of this, so their logs can be compared line by line.
+inline constexpr uint64_t kChecksumTraceEvery = 50;
 
 // Bytes of receiver memory needed to cast bfloat16 slots back to float32.
 uint64_t CastAreaBytes(const Layout& layout);
