@@ -145,6 +145,7 @@ class WeightReceiver::Impl {
   Clock::time_point last_heard_, last_register_, last_heartbeat_;
   uint64_t held_version_ = 0;   // version_ as seen by this thread
   uint64_t held_from_inc_ = 0;  // learner incarnation that sent it
+  uint64_t last_traced_ = 0;    // last version whose stream checksum was logged
   uint64_t epoch_ = 0;
   bool group_ready_ = false;
   int rank_ = 0;
@@ -553,7 +554,7 @@ Status WeightReceiver::Impl::Deliver(const Layout& layout, const Landed& landed,
     }
   });
   if (config_.verify_checksums && !layout.checksums.empty() &&
-      layout.version % kChecksumTraceEvery == 0) {
+      TraceChecksum(layout.version, &last_traced_)) {
     Log().info("holding version {}: stream checksum {:016x} (verified)", layout.version,
                StreamChecksum(layout));
   } else if (Log().should_log(spdlog::level::debug)) {

@@ -206,6 +206,7 @@ class WeightSender::Impl {
   Stream current_stream_;  // where it is packed
   bool have_current_ = false;
   uint64_t catch_up_counter_ = 0;
+  uint64_t last_traced_ = 0;  // last version whose stream checksum was logged
   SenderStats stats_;
 };
 
@@ -675,7 +676,7 @@ void WeightSender::Impl::RunJob(Job& job) {
       report.members = group_;
       for (const auto& id : group_)
         if (Member* m = Find(id)) m->acked_version = job.version;
-      if (!current_.checksums.empty() && job.version % kChecksumTraceEvery == 0)
+      if (!current_.checksums.empty() && TraceChecksum(job.version, &last_traced_))
         Log().info("version {} reached {} member(s): stream checksum {:016x}", job.version,
                    group_.size(), StreamChecksum(current_));
       return finish(Status::Ok());

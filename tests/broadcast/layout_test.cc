@@ -119,6 +119,15 @@ TEST(Layout, StreamChecksumFollowsEveryBucket) {
   EXPECT_EQ(StreamChecksum(PackAll(w, WireDtype::kAsStored, 8192, false).layout), 0u);
 }
 
+// Learner and receivers pick the same versions to trace from the same sequence.
+TEST(Layout, ChecksumTracePicksTheFirstVersionPastEachMultiple) {
+  uint64_t last = 0;
+  std::vector<uint64_t> traced;
+  for (uint64_t v : {3, 7, 49, 52, 53, 99, 120, 121, 30, 31})
+    if (TraceChecksum(v, &last)) traced.push_back(v);
+  EXPECT_EQ(traced, (std::vector<uint64_t>{3, 52, 120, 30}));  // 30: a restarted learner
+}
+
 TEST(Layout, ChecksumDependsOnEveryByteAndLength) {
   std::vector<uint8_t> a(1000, 7);
   uint64_t h = Checksum64(a.data(), a.size());
