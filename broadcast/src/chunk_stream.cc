@@ -52,7 +52,10 @@ Result<std::unique_ptr<transport::Socket>> ConnectDataSocket(transport::Network*
 
 ChunkSender::ChunkSender(transport::Network* network, proto::Header header, int hwm_chunks,
                          std::chrono::milliseconds step_timeout)
-    : network_(network), header_(std::move(header)), hwm_(hwm_chunks), step_timeout_(step_timeout) {}
+    : network_(network),
+      header_(std::move(header)),
+      hwm_(hwm_chunks),
+      step_timeout_(step_timeout) {}
 
 Result<transport::Socket*> ChunkSender::SocketFor(const std::string& endpoint) {
   auto it = sockets_.find(endpoint);
@@ -163,8 +166,8 @@ Status ChunkReceiver::Receive(const Layout& layout, const std::string& from, uin
     const proto::ChunkMsg& chunk = msg->chunk;
     if (chunk.version != layout.version || chunk.transfer != layout.transfer) continue;  // stale
     if (chunk.token != layout.token) {
-      Refuse(in->peer, msg->sender, fmt::format("a chunk of version {} without its transfer's token",
-                                                layout.version));
+      Refuse(in->peer, msg->sender,
+             fmt::format("a chunk of version {} without its transfer's token", layout.version));
       continue;
     }
     uint64_t offset = 0;
@@ -217,7 +220,7 @@ void ChunkReceiver::Idle(const std::function<bool(const std::string&)>& is_peer)
   last_idle_ = now;
   auto readable = probe_->Wait(Deadline::Now());
   if (readable.ok() && !readable->empty()) return;  // chunks waiting for their manifest
-  auto in = socket_->Recv(Deadline::Now());  // finds nothing (usually): counts handshakes
+  auto in = socket_->Recv(Deadline::Now());         // finds nothing (usually): counts handshakes
   if (!in.ok()) return;  // nothing, or bad input (counted and logged by the transport)
   auto msg = proto::Decode(in->message);
   if (!msg.ok()) {

@@ -42,14 +42,16 @@ const BackendEntry* Find(Backend backend) {
 
 Result<std::unique_ptr<SenderPath>> NewSenderPath(Backend backend, const SenderContext& context) {
   const BackendEntry* e = Find(backend);
-  if (e == nullptr) return Unavailable("broadcast backend '{}' is not built in", BackendName(backend));
+  if (e == nullptr)
+    return Unavailable("broadcast backend '{}' is not built in", BackendName(backend));
   return e->sender(context);
 }
 
 Result<std::unique_ptr<ReceiverPath>> NewReceiverPath(Backend backend,
                                                       const ReceiverContext& context) {
   const BackendEntry* e = Find(backend);
-  if (e == nullptr) return Unavailable("broadcast backend '{}' is not built in", BackendName(backend));
+  if (e == nullptr)
+    return Unavailable("broadcast backend '{}' is not built in", BackendName(backend));
   return e->receiver(context);
 }
 

@@ -65,8 +65,8 @@ struct Stream {
 struct SenderContext {
   const BroadcastConfig* config = nullptr;
   transport::Network* network = nullptr;
-  proto::Header header;   // the sender's actor id and broadcast incarnation
-  std::string node;       // the learner's node (shm locality)
+  proto::Header header;           // the sender's actor id and broadcast incarnation
+  std::string node;               // the learner's node (shm locality)
   ChunkSender* chunks = nullptr;  // the chunk stream to receivers' data sockets
   BufferPool* pool = nullptr;     // stream buffers
   Reaper* reaper = nullptr;       // destroys failed groups in the background
@@ -106,7 +106,7 @@ class SenderPath {
 struct ReceiverContext {
   const ReceiverConfig* config = nullptr;
   transport::Network* network = nullptr;
-  proto::Header header;            // the receiver's actor id and broadcast incarnation
+  proto::Header header;             // the receiver's actor id and broadcast incarnation
   ChunkReceiver* chunks = nullptr;  // this receiver's data socket
   BufferPool* pool = nullptr;       // stream buffers
   Reaper* reaper = nullptr;

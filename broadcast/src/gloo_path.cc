@@ -71,7 +71,9 @@ class GlooGroup {
           flat + begin, {static_cast<int64_t>(end - begin)}, [keep](void*) {},
           at::TensorOptions().dtype(at::kByte));
     };
-    auto wait = [&](const c10::intrusive_ptr<c10d::Work>& w) { w->wait(Budget(deadline, timeout_)); };
+    auto wait = [&](const c10::intrusive_ptr<c10d::Work>& w) {
+      w->wait(Budget(deadline, timeout_));
+    };
     auto report = [&](uint64_t got) {
       if (rank_ != 0 && progress) progress(got, layout.total_bytes);
     };
@@ -166,9 +168,9 @@ class GlooSenderPath final : public SenderPath {
     if (!rendezvous_) return Internal("epoch {}: no rendezvous store", group.epoch);
     auto t = std::max(Millis(10), Budget(deadline, GroupTimeout(group)));
     TROUPE_ASSIGN_OR_RETURN(
-        gloo_, GlooGroup::Form(rendezvous_->LocalStore(t, interrupt), rendezvous_->prefix(),
-                               group.epoch, 0, static_cast<int>(members.size() + 1),
-                               c_.config->gloo_hostname, t));
+        gloo_,
+        GlooGroup::Form(rendezvous_->LocalStore(t, interrupt), rendezvous_->prefix(), group.epoch,
+                        0, static_cast<int>(members.size() + 1), c_.config->gloo_hostname, t));
     return Status::Ok();
   }
 
@@ -211,17 +213,16 @@ class GlooReceiverPath final : public ReceiverPath {
               const Interrupt& interrupt) override {
     Abort();
     timeout_ = GroupTimeout(group);
-    algorithm_ =
-        group.algorithm == "broadcast" ? GlooAlgorithm::kBroadcast : GlooAlgorithm::kChain;
+    algorithm_ = group.algorithm == "broadcast" ? GlooAlgorithm::kBroadcast : GlooAlgorithm::kChain;
     if (group.store_address.empty() || group.store_prefix.empty())
       return ProtocolError("epoch {}: gloo group without a rendezvous store", group.epoch);
     const auto t = std::max(Millis(10), Budget(deadline, timeout_));
     try {
       auto store = ConnectRendezvous(c_.network, group.store_address, c_.header, t, interrupt);
       TROUPE_ASSIGN_OR_RETURN(
-          gloo_, GlooGroup::Form(std::move(store), group.store_prefix, group.epoch, rank,
-                                 static_cast<int>(group.members.size()),
-                                 c_.config->gloo_hostname, t));
+          gloo_,
+          GlooGroup::Form(std::move(store), group.store_prefix, group.epoch, rank,
+                          static_cast<int>(group.members.size()), c_.config->gloo_hostname, t));
     }
     TROUPE_GLOO_CATCH(fmt::format("joining gloo epoch {}", group.epoch))
     return Status::Ok();

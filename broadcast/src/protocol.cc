@@ -12,8 +12,8 @@ constexpr size_t kMaxSlots = size_t{1} << 22;
 constexpr size_t kMaxStoreKeys = 4096;
 
 transport::OutMessage Start(const Header& h, size_t size_hint = 0) {
-  transport::OutMessage out = size_hint > 0 ? transport::OutMessage(size_hint)
-                                            : transport::OutMessage();
+  transport::OutMessage out =
+      size_hint > 0 ? transport::OutMessage(size_hint) : transport::OutMessage();
   auto env = out.envelope();
   env.setSender(h.sender);
   env.setIncarnation(h.incarnation);
@@ -150,9 +150,8 @@ Status DecodeManifest(wire::WeightsManifest::Reader w, ManifestMsg* out) {
     if (dt < 0 || dt >= kNumDTypes)
       return Malformed("tensor '{}' has unknown dtype ordinal {}", s.name, dt);
     s.dtype = static_cast<DType>(dt);
-    s.wire = (l.wire_dtype == WireDtype::kBFloat16 && s.dtype == DType::kFloat32)
-                 ? DType::kBFloat16
-                 : s.dtype;
+    s.wire = (l.wire_dtype == WireDtype::kBFloat16 && s.dtype == DType::kFloat32) ? DType::kBFloat16
+                                                                                  : s.dtype;
     auto shape = t.getShape();
     if (shape.size() > 64) return Malformed("tensor '{}' has {} dims", s.name, shape.size());
     for (auto d : shape) s.shape.push_back(d);
@@ -183,7 +182,8 @@ Status DecodeChunk(wire::WeightsChunk::Reader c, ChunkMsg* out) {
   if (c.hasData() && c.getData().size() > 0)
     return ProtocolError("WeightsChunk carries inline data; the bytes belong in `payload`");
   if (!c.hasPayload()) return ProtocolError("WeightsChunk without a payload");
-  TROUPE_ASSIGN_OR_RETURN(out->payload, transport::ReadTensor(c.getPayload(), "weightsChunk.payload"));
+  TROUPE_ASSIGN_OR_RETURN(out->payload,
+                          transport::ReadTensor(c.getPayload(), "weightsChunk.payload"));
   if (out->payload.dtype != wire::DType::UINT8 || out->payload.rank() != 1)
     return ProtocolError("WeightsChunk payload must be a 1-d uint8 tensor");
   return Status::Ok();

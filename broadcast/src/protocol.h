@@ -35,7 +35,16 @@
 
 namespace troupe::broadcast::proto {
 
-enum class Kind { kRegister, kHeartbeat, kGroup, kManifest, kAck, kChunk, kStoreRequest, kStoreReply };
+enum class Kind {
+  kRegister,
+  kHeartbeat,
+  kGroup,
+  kManifest,
+  kAck,
+  kChunk,
+  kStoreRequest,
+  kStoreReply
+};
 const char* KindName(Kind kind);
 
 struct RegisterMsg {

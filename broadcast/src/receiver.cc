@@ -157,9 +157,9 @@ class WeightReceiver::Impl {
 
 Status WeightReceiver::Impl::Start() {
   TROUPE_ASSIGN_OR_RETURN(
-      chunks_, ChunkReceiver::Bind(&network_, config_.data_endpoint, config_.zmq_hwm_chunks, [this] {
-        Update([&]() TROUPE_REQUIRES(mu_) { ++stats_.refused; });
-      }));
+      chunks_,
+      ChunkReceiver::Bind(&network_, config_.data_endpoint, config_.zmq_hwm_chunks,
+                          [this] { Update([&]() TROUPE_REQUIRES(mu_) { ++stats_.refused; }); }));
   data_endpoint_ = chunks_->endpoint();
   TROUPE_ASSIGN_OR_RETURN(control_,
                           network_.Connect(transport::SocketKind::kClient, config_.learner_endpoint,
@@ -293,9 +293,8 @@ bool WeightReceiver::Impl::IsAbortive(const proto::Message& m, bool manifest_abo
 // transfer, learner change, stop).
 bool WeightReceiver::Impl::CheckAbort(bool manifest_aborts) {
   if (stopping()) return true;
-  bool abort = std::any_of(pending_.begin(), pending_.end(), [&](const proto::Message& m) {
-    return IsAbortive(m, manifest_aborts);
-  });
+  bool abort = std::any_of(pending_.begin(), pending_.end(),
+                           [&](const proto::Message& m) { return IsAbortive(m, manifest_aborts); });
   while (auto m = ReadControl()) {
     if (m->incarnation == learner_inc_) last_heard_ = Clock::now();
     if (m->kind == Kind::kHeartbeat && !IsAbortive(*m, manifest_aborts)) continue;
@@ -445,8 +444,8 @@ void WeightReceiver::Impl::FormGroup(const proto::GroupMsg& g, int rank) {
     in_group_ = true;
     ++stats_.epochs;
   });
-  Log().info("joined epoch {} as rank {} of {} ({} {})", g.epoch, rank, g.members.size(),
-             g.backend, g.algorithm);
+  Log().info("joined epoch {} as rank {} of {} ({} {})", g.epoch, rank, g.members.size(), g.backend,
+             g.algorithm);
 }
 
 // ----------------------------------------------------------------- transfers

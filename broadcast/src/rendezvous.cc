@@ -248,8 +248,8 @@ struct RendezvousServer::State {
       if (!done && now >= it->until) {
         reply.id = it->request.id;
         reply.ok = false;
-        reply.error = fmt::format("timed out after {} ms waiting for '{}'",
-                                  it->request.timeout_ms, it->request.keys[0]);
+        reply.error = fmt::format("timed out after {} ms waiting for '{}'", it->request.timeout_ms,
+                                  it->request.keys[0]);
         done = true;
       }
       if (done) {
@@ -269,8 +269,8 @@ namespace {
 // The learner's (rank 0's) view of its own rendezvous map.
 class LocalRendezvousStore final : public c10d::Store {
  public:
-  LocalRendezvousStore(std::shared_ptr<RendezvousServer::State> state, std::chrono::milliseconds timeout,
-             Interrupt interrupt)
+  LocalRendezvousStore(std::shared_ptr<RendezvousServer::State> state,
+                       std::chrono::milliseconds timeout, Interrupt interrupt)
       : c10d::Store(timeout), state_(std::move(state)), interrupt_(std::move(interrupt)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
@@ -350,7 +350,7 @@ class LocalRendezvousStore final : public c10d::Store {
 class RemoteRendezvousStore final : public c10d::Store {
  public:
   RemoteRendezvousStore(std::unique_ptr<transport::Socket> socket, proto::Header header,
-              std::chrono::milliseconds timeout, Interrupt interrupt)
+                        std::chrono::milliseconds timeout, Interrupt interrupt)
       : c10d::Store(timeout),
         socket_(std::move(socket)),
         header_(std::move(header)),
@@ -432,9 +432,9 @@ Result<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
   state->header = std::move(header);
   state->prefix = std::move(prefix);
   state->members.insert(members.begin(), members.end());
-  TROUPE_ASSIGN_OR_RETURN(state->socket,
-                          network->Bind(transport::SocketKind::kServer,
-                                        fmt::format("tcp://{}:0", host), ControlSocketOptions()));
+  TROUPE_ASSIGN_OR_RETURN(
+      state->socket, network->Bind(transport::SocketKind::kServer, fmt::format("tcp://{}:0", host),
+                                   ControlSocketOptions()));
   state->poller = network->NewPoller();
   state->poller->Add(state->socket.get());
   State* raw = state.get();
@@ -474,15 +474,14 @@ c10::intrusive_ptr<c10d::Store> RendezvousServer::LocalStore(std::chrono::millis
 }
 
 c10::intrusive_ptr<c10d::Store> ConnectRendezvous(transport::Network* network,
-                                                  const std::string& endpoint,
-                                                  proto::Header header,
+                                                  const std::string& endpoint, proto::Header header,
                                                   std::chrono::milliseconds timeout,
                                                   Interrupt interrupt) {
   auto s = network->Connect(transport::SocketKind::kClient, endpoint,
                             ControlSocketOptions(UnguessableIdentity(header.sender)));
   if (!s.ok()) throw std::runtime_error("rendezvous store: " + s.status().ToString());
-  return c10::make_intrusive<RemoteRendezvousStore>(std::move(s).value(), std::move(header), timeout,
-                                          std::move(interrupt));
+  return c10::make_intrusive<RemoteRendezvousStore>(std::move(s).value(), std::move(header),
+                                                    timeout, std::move(interrupt));
 }
 
 }  // namespace troupe::broadcast

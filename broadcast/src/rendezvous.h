@@ -65,8 +65,7 @@ class RendezvousServer {
 // A member's store: request/reply over a client socket to `endpoint`. Blocking calls call
 // `interrupt` while they wait (true: the call throws).
 c10::intrusive_ptr<c10d::Store> ConnectRendezvous(transport::Network* network,
-                                                  const std::string& endpoint,
-                                                  proto::Header header,
+                                                  const std::string& endpoint, proto::Header header,
                                                   std::chrono::milliseconds timeout,
                                                   Interrupt interrupt);
 

@@ -202,7 +202,7 @@ class WeightSender::Impl {
   uint64_t changes_ = 0;            // MarkDirty() calls (detects changes during a Reform)
   Clock::time_point next_reform_;   // backoff after a failed re-formation
   Clock::time_point last_keepalive_;
-  Layout current_;        // layout of the current version
+  Layout current_;         // layout of the current version
   Stream current_stream_;  // where it is packed
   bool have_current_ = false;
   uint64_t catch_up_counter_ = 0;
@@ -213,8 +213,9 @@ class WeightSender::Impl {
 // ----------------------------------------------------------------- lifecycle
 
 Status WeightSender::Impl::Start() {
-  TROUPE_ASSIGN_OR_RETURN(control_, network_.Bind(transport::SocketKind::kServer,
-                                                  config_.control_endpoint, ControlSocketOptions()));
+  TROUPE_ASSIGN_OR_RETURN(control_,
+                          network_.Bind(transport::SocketKind::kServer, config_.control_endpoint,
+                                        ControlSocketOptions()));
   endpoint_ = control_->endpoint();
   poller_ = network_.NewPoller();
   poller_->Add(control_.get());
@@ -525,9 +526,9 @@ Status WeightSender::Impl::CatchUp(Member& member) {
   auto t0 = Clock::now();
   if (!SendTo(id, proto::EncodeManifest(header(), manifest)))
     return Unavailable("cannot send the manifest to {}", id);
-  TROUPE_RETURN_IF_ERROR(chunks_->Send({endpoint}, layout, current_stream_.data,
-                                       current_stream_.owner, Deadline::Never(),
-                                       ServeWhileBlocked(/*preemptible=*/true), &stats_.bytes_sent));
+  TROUPE_RETURN_IF_ERROR(chunks_->Send(
+      {endpoint}, layout, current_stream_.data, current_stream_.owner, Deadline::Never(),
+      ServeWhileBlocked(/*preemptible=*/true), &stats_.bytes_sent));
   TROUPE_RETURN_IF_ERROR(WaitAcks({id}, layout.version, layout.transfer, Deadline::In(timeout_)));
   if (Member* m = Find(id)) m->acked_version = layout.version;
   Log().info("caught {} up to version {} ({:.1f} MB in {:.3f} s)", id, layout.version,

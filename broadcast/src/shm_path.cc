@@ -101,7 +101,8 @@ class ShmReceiverPath final : public ReceiverPath {
       shm_.reset();
       TROUPE_ASSIGN_OR_RETURN(shm_, ShmReader::Open(manifest.shm_segment));
     }
-    TROUPE_ASSIGN_OR_RETURN(const uint8_t* src, shm_->Slot(manifest.shm_offset, layout.total_bytes));
+    TROUPE_ASSIGN_OR_RETURN(const uint8_t* src,
+                            shm_->Slot(manifest.shm_offset, layout.total_bytes));
     const ShmReader* reader = shm_.get();
     const uint64_t offset = manifest.shm_offset, generation = manifest.shm_generation;
     const uint64_t version = layout.version;

@@ -49,9 +49,9 @@ class ZmqReceiverPath final : public ReceiverPath {
     from_ = group.members[chain ? rank - 1 : 0];
     if (chain && rank + 1 < static_cast<int>(group.members.size())) {
       relay_.next_endpoint = group.endpoints[rank + 1];
-      TROUPE_ASSIGN_OR_RETURN(next_, ConnectDataSocket(c_.network, relay_.next_endpoint,
-                                                       c_.header.sender,
-                                                       c_.config->zmq_hwm_chunks));
+      TROUPE_ASSIGN_OR_RETURN(next_,
+                              ConnectDataSocket(c_.network, relay_.next_endpoint, c_.header.sender,
+                                                c_.config->zmq_hwm_chunks));
       relay_.next = next_.get();
       relay_.header = c_.header;
     }
@@ -63,9 +63,8 @@ class ZmqReceiverPath final : public ReceiverPath {
     const Layout& layout = manifest.layout;
     TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<FlatBuffer> buf, c_.pool->Get(layout.total_bytes));
     Landed l;
-    TROUPE_RETURN_IF_ERROR(c_.chunks->Receive(layout, from_, buf->data(),
-                                              next_ ? &relay_ : nullptr, timeout_, interrupt,
-                                              progress, &l.bytes_received));
+    TROUPE_RETURN_IF_ERROR(c_.chunks->Receive(layout, from_, buf->data(), next_ ? &relay_ : nullptr,
+                                              timeout_, interrupt, progress, &l.bytes_received));
     l.data = buf->data();
     l.owner = buf;
     return l;

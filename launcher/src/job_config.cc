@@ -432,7 +432,8 @@ void Describe(Binder& b, JobConfig& c) {
                   " moves the weights between nodes over connections that nothing "
                   "authenticates or encrypts, while CURVE protects every other socket of this "
                   "job: use backend zmq (CURVE-encrypted), or set broadcast." +
-                  key + ": true to accept that a host that reaches them can read or inject weights");
+                  key +
+                  ": true to accept that a host that reaches them can read or inject weights");
     };
     if (bc.backend == broadcast::Backend::kGloo && !bc.allow_unauthenticated_gloo)
       refuse("gloo", "allow_unauthenticated_gloo");

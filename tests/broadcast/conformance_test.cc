@@ -652,14 +652,13 @@ class VariantBitExact : public Suite {};
 TEST_P(VariantBitExact, OneTwoAndFourReceiversHoldEveryVersionAndReportIt) {
   BitExactOneTwoFour();
 }
-INSTANTIATE_TEST_SUITE_P(
-    Variants, VariantBitExact,
-    ::testing::Values(Variant{Backend::kGloo, GlooAlgorithm::kBroadcast},
-                      Variant{Backend::kZmq, {}, ZmqTopology::kStar},
-                      Variant{Backend::kGloo, {}, {}, WireDtype::kBFloat16},
-                      Variant{Backend::kZmq, {}, {}, {}, /*curve=*/true},
-                      Variant{Backend::kGloo, {}, {}, {}, /*curve=*/true}),
-    VariantName);
+INSTANTIATE_TEST_SUITE_P(Variants, VariantBitExact,
+                         ::testing::Values(Variant{Backend::kGloo, GlooAlgorithm::kBroadcast},
+                                           Variant{Backend::kZmq, {}, ZmqTopology::kStar},
+                                           Variant{Backend::kGloo, {}, {}, WireDtype::kBFloat16},
+                                           Variant{Backend::kZmq, {}, {}, {}, /*curve=*/true},
+                                           Variant{Backend::kGloo, {}, {}, {}, /*curve=*/true}),
+                         VariantName);
 
 class VariantKill : public Suite {};
 TEST_P(VariantKill, KillMidTransferFailsTheAttemptAndTheRetryReachesTheRest) {

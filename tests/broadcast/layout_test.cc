@@ -7,9 +7,9 @@
 #include <random>
 
 #include "protocol.h"
-#include "troupe/transport/message.h"
 #include "troupe/broadcast/config.h"
 #include "troupe/broadcast/layout.h"
+#include "troupe/transport/message.h"
 #include "weights_fixture.h"
 
 namespace troupe::broadcast {

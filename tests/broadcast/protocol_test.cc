@@ -180,7 +180,8 @@ TEST_P(OverMemory, ThreeReceiversGetEveryVersionBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OverMemory,
-                         ::testing::Values(Case{Backend::kZmq}, Case{Backend::kZmq, ZmqTopology::kStar},
+                         ::testing::Values(Case{Backend::kZmq},
+                                           Case{Backend::kZmq, ZmqTopology::kStar},
                                            Case{Backend::kShm}, Case{Backend::kGloo}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string n = BackendName(info.param.backend);
@@ -371,10 +372,10 @@ TEST_F(ProtocolTest, ForgedChunksAndForeignMessagesAreRefusedAndCounted) {
   transport::OutMessage batch;
   batch.envelope().initBody().initRolloutBatch().setBatchId("evil");
   ASSERT_TRUE(to_control->Send(batch, Deadline::InMs(1000)).ok());
-  ASSERT_TRUE(
-      to_control->Send(proto::EncodeHeartbeat({"r0", 1}, {proto::PeerState::kExited, 0}),
-                       Deadline::InMs(1000))
-          .ok());
+  ASSERT_TRUE(to_control
+                  ->Send(proto::EncodeHeartbeat({"r0", 1}, {proto::PeerState::kExited, 0}),
+                         Deadline::InMs(1000))
+                  .ok());
   Deadline until = Deadline::InMs(10000);
   while (sender_->stats().refused < 2 && !until.expired())
     ASSERT_TRUE(Send(sender_->version() + 1).ok());

@@ -94,8 +94,8 @@ TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {
   ASSERT_FALSE(nccl.ok());
   // (a build without NCCL refuses it for that reason first)
   EXPECT_NE(nccl.status().message().find("nccl"), std::string::npos) << nccl.status().message();
-  EXPECT_TRUE(LoadJobConfig(remote.path(), {"broadcast.backend=gloo",
-                                            "broadcast.allow_unauthenticated_gloo=true"})
+  EXPECT_TRUE(LoadJobConfig(remote.path(),
+                            {"broadcast.backend=gloo", "broadcast.allow_unauthenticated_gloo=true"})
                   .ok());
   EXPECT_TRUE(LoadJobConfig(remote.path(), {"broadcast.backend=zmq"}).ok());
   // Without CURVE there is nothing to be consistent with; on one host gloo binds loopback.

@@ -527,11 +527,10 @@ TEST_F(MultinodeTest, UnauthenticatedPeersAreRefusedEverywhereAndTrainingIsUnaff
   std::vector<std::string> argv = {Troupe(), "--runs-dir", runs, "run",
                                    SourceDir() + "/configs/multinode_ssh.yaml"};
   std::vector<std::string> sets = QuickJob();
-  sets.insert(sets.end(), {"cluster.hosts=" + SshHosts(),
-                           "cluster.ssh_config=" + dir_ + "/ssh/ssh_config",
-                           "rollout.hosts=[h1, h2]", "reward.hosts=[h3]",
-                           "broadcast.checksum=true", "stop.max_steps=100000",
-                           "stop.max_seconds=300"});
+  sets.insert(sets.end(),
+              {"cluster.hosts=" + SshHosts(), "cluster.ssh_config=" + dir_ + "/ssh/ssh_config",
+               "rollout.hosts=[h1, h2]", "reward.hosts=[h3]", "broadcast.checksum=true",
+               "stop.max_steps=100000", "stop.max_seconds=300"});
   for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
   Job job(runs, argv);
   ASSERT_TRUE(job.WaitStarted()) << job.output();
@@ -630,8 +629,10 @@ TEST_F(MultinodeTest, UnauthenticatedPeersAreRefusedEverywhereAndTrainingIsUnaff
     after = std::max(after, a->policy_version);
   }
   std::map<uint64_t, std::string> sent;  // version -> learner's stream checksum
-  const std::string sent_re = "version ([0-9]+) reached [0-9]+ member\\(s\\): stream checksum ([0-9a-f]+)";
-  const std::string held_re = "holding version ([0-9]+): stream checksum ([0-9a-f]+) \\(verified\\)";
+  const std::string sent_re =
+      "version ([0-9]+) reached [0-9]+ member\\(s\\): stream checksum ([0-9a-f]+)";
+  const std::string held_re =
+      "holding version ([0-9]+): stream checksum ([0-9a-f]+) \\(verified\\)";
   uint64_t common = 0;
   ASSERT_TRUE(Eventually(
       [&] {

@@ -54,7 +54,7 @@ struct Slot {
 struct Layout {
   uint64_t version = 0;   // policy version
   uint64_t transfer = 0;  // group epoch, or a catch-up id (kCatchUpBit set)
-  uint64_t token = 0;     // random per transfer; its chunks must carry it (the manifest's chunkToken)
+  uint64_t token = 0;  // random per transfer; its chunks must carry it (the manifest's chunkToken)
   WireDtype wire_dtype = WireDtype::kAsStored;
   uint64_t bucket_bytes = 0;
   uint64_t chunk_bytes = 0;  // pipelining unit of chain paths
