@@ -14,6 +14,9 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   # Gloo headers: libtorch's ProcessGroupGloo.hpp includes them (weight broadcast)
   libgloo-dev
+  # HF tokenizer.json: pre-tokenizer regexes (PCRE2), Unicode normalization (ICU), hash maps
+  # (abseil), fast JSON for the 10 MB vocabulary files (simdjson)
+  libpcre2-dev libicu-dev libabsl-dev libsimdjson-dev
   # logging, CLI, config, JSON
   libspdlog-dev libfmt-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   # HTTP client/server for external reward services
@@ -37,26 +40,30 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+install_apt() {
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
+      echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1
+    fi
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq </dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" </dev/null
+  # Daemons from the packages above must not keep running on the build machine;
+  # tests start their own instances in namespaces.
+  for svc in ssh slurmctld slurmd munge; do
+    $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  done
+  echo "install-deps: done"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  install_apt
 fi
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
-    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1
-  fi
-fi
-
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq </dev/null
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-  -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" </dev/null
-# Daemons from the packages above must not keep running on the build machine;
-# tests start their own instances in namespaces.
-for svc in ssh slurmctld slurmd munge; do
-  $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
-done
-echo "install-deps: done"
+# The npm references of the parity tests (Node from Debian when missing; it checks itself).
+"$(dirname "$0")/install-npm-reference.sh"

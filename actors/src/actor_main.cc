@@ -22,6 +22,7 @@
 #include "roles.h"
 #include "troupe/actors/echo.h"
 #include "troupe/actors/runtime.h"
+#include "troupe/core/exit_codes.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/memory.h"
 #include "troupe/launcher/run_dir.h"
@@ -175,11 +176,16 @@ int main(int argc, char** argv) {
     if (g_signalled) (*rt)->RequestExit(actors::ExitReason::kSignal);
     Status s = actors::RunRole(args, setup, **rt, **net);
     if ((*rt)->exit_reason() == actors::ExitReason::kHeadLost) {
-      rc = 3;  // whatever the role made of it (e.g. registration cut short)
+      rc = kExitHeadLost;  // whatever the role made of it (e.g. registration cut short)
       if (!s.ok()) logger.warn("{} ended after losing the head: {}", args.role, s.ToString());
+    } else if (!s.ok() && s.code() == Code::kIo) {
+      // The run folder cannot be written (full, read-only): a restart would
+      // fail the same way, after redoing work. Say so and let the head stop.
+      logger.error("{} failed with a fatal error: {}", args.role, s.ToString());
+      rc = kExitFatal;
     } else if (!s.ok()) {
       logger.error("{} failed: {}", args.role, s.ToString());
-      rc = 1;
+      rc = kExitError;
     }
     (*rt)->Flush(Deadline::InMs(2000));
     g_runtime = nullptr;

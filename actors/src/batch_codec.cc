@@ -1,5 +1,8 @@
 #include "batch_codec.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstring>
 
 namespace troupe::actors {
@@ -49,6 +52,9 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<Sequenc
   b.setBatchId(info.batch_id);
   b.setPolicyVersion(info.policy_version);
   b.setProducer(info.producer);
+  b.setProducerIncarnation(info.producer_incarnation);
+  b.setGrantLearner(info.grant_learner);
+  b.setGrantedGroups(info.granted_groups);
   b.setNumSequences(static_cast<uint32_t>(seqs.size()));
   b.setGroupSize(info.group_size);
   b.setGenerateTimeNs(info.generate_time_ns);
@@ -134,6 +140,9 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   r.setBatchId(in.getBatchId());
   r.setPolicyVersion(in.getPolicyVersion());
   r.setProducer(in.getProducer());
+  r.setProducerIncarnation(in.getProducerIncarnation());
+  r.setGrantLearner(in.getGrantLearner());
+  r.setGrantedGroups(in.getGrantedGroups());
   r.setNumSequences(in.getNumSequences());
   r.setGroupSize(in.getGroupSize());
   r.setGenerateTimeNs(in.getGenerateTimeNs());
@@ -166,6 +175,7 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
     auto d = details[static_cast<unsigned>(i)];
     d.setScorer(rewards[i].scorer);
     if (!rewards[i].failure.empty()) d.setFailure(rewards[i].failure);
+    if (rewards[i].unscored) d.setUnscored(true);
     if (!rewards[i].components.empty()) {
       auto c = d.initComponents(static_cast<unsigned>(rewards[i].components.size()));
       for (size_t j = 0; j < rewards[i].components.size(); ++j) {
@@ -179,7 +189,12 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   return Status::Ok();
 }
 
-Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std::string* producer) {
+std::string BatchOrigin::Source() const {
+  return fmt::format("{}/{:x}", producer, incarnation);
+}
+
+Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
+                                           std::vector<uint8_t>* unscored) {
   if (msg.kind() != transport::MessageKind::SCORED_BATCH) {
     return ProtocolError("expected a scoredBatch, got {}", transport::KindName(msg.kind()));
   }
@@ -188,7 +203,10 @@ Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std:
   trainer::TrainBatch t;
   t.batch_id = r.getBatchId();
   if (t.batch_id.empty()) return InvalidArgument("scored batch without a batch id");
-  *producer = r.getProducer();
+  origin->producer = r.getProducer();
+  origin->incarnation = r.getProducerIncarnation();
+  origin->grant_learner = r.getGrantLearner();
+  origin->granted_groups = r.getGrantedGroups();
   t.policy_version = r.getPolicyVersion();
   t.group_size = r.getGroupSize();
   int64_t n = r.getNumSequences();
@@ -215,6 +233,12 @@ Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std:
   // Shape is checked by the learner (one reward per sequence) so it can name the mismatch.
   const float* rp = rewards_view.as<float>();
   t.rewards.assign(rp, rp + rewards_view.numel);
+  if (unscored) {
+    auto details = sb.getDetails();
+    unscored->assign(static_cast<size_t>(std::max<int64_t>(0, n)), 0);
+    if (details.size() == static_cast<unsigned>(n))
+      for (unsigned i = 0; i < details.size(); ++i) (*unscored)[i] = details[i].getUnscored();
+  }
   auto meta = r.getSequences();
   if (meta.size() == static_cast<unsigned>(n)) {
     t.group_index.reserve(meta.size());

@@ -33,6 +33,9 @@ struct RolloutBatchInfo {
   std::string batch_id;
   uint64_t policy_version = 0;  // version at generation start (the oldest of the batch)
   std::string producer;
+  uint64_t producer_incarnation = 0;  // the producer process (its network incarnation)
+  uint64_t grant_learner = 0;         // learner process whose credits started granted_groups
+  uint32_t granted_groups = 0;
   uint32_t group_size = 1;
   int64_t generate_time_ns = 0;
   int64_t created_ns = 0;
@@ -55,14 +58,27 @@ struct RewardRecord {
   float reward = 0;
   std::string scorer, failure;
   std::vector<std::pair<std::string, double>> components;
+  bool unscored = false;  // leave out of training (reward service failed, on_failure: drop)
 };
 // Builds a ScoredBatch from a received RolloutBatch: scalar fields and
 // metadata are copied, tensors are referenced (kept alive by `rollout`).
 Status ForwardScored(const transport::InMessage& rollout, const std::vector<RewardRecord>& rewards,
                      const std::string& scorer, int64_t score_time_ns, transport::OutMessage* out);
 
+// Which producer process made a batch: the rollout actor's id and its
+// incarnation. Source() ("rollout-0/<incarnation hex>") keys the accounting.
+struct BatchOrigin {
+  std::string producer;
+  uint64_t incarnation = 0;
+  uint64_t grant_learner = 0;  // RolloutBatch.grantLearner / grantedGroups
+  uint32_t granted_groups = 0;
+  std::string Source() const;
+};
+
 // Reads a received ScoredBatch into the learner's batch type. Errors name the
 // field (dtype, size, offsets); the learner validates the content further.
-Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, std::string* producer);
+// `unscored` (optional) gets one flag per sequence: RewardDetail.unscored.
+Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
+                                           std::vector<uint8_t>* unscored = nullptr);
 
 }  // namespace troupe::actors

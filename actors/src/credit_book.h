@@ -13,11 +13,18 @@
 // came back as a new incarnation — would otherwise hold capacity forever (and
 // once they add up to more than (max_lag + 1) updates minus one update's
 // worth, training stalls). So the book keeps, per actor, the groups granted
-// and not yet received, and Reclaim() gives them back. Groups of a reclaimed
-// grant that arrive after all are consumed like any other: capacity then runs
-// ahead by at most that actor's in-flight groups, and the lag gate still drops
-// anything too stale. A draining actor does not wait for that: it returns the
-// grants it will not start as soon as it stops starting groups (Return()).
+// and not yet received, and Reclaim() gives them back. Only groups this book
+// granted free capacity when they are consumed: Received() says how many of
+// an arriving batch's groups were covered by the producer incarnation's
+// outstanding grants, and the caller consumes that many. A batch says which
+// learner process granted its groups (RolloutBatch.grantLearner) and how many
+// of them (grantedGroups). Groups nobody here granted — a reclaimed grant delivered after all, a previous incarnation's
+// late batch, work granted by a learner process that has since restarted —
+// are trained or dropped like any other but never widen the lag window
+// (counting them let a restarted learner's window run ahead for good, and
+// half of every later update arrived one version too old). A draining actor
+// does not wait for reclaim: it returns the grants it will not start as soon
+// as it stops starting groups (Return()).
 //
 // Not thread-safe: the learner's loop owns it.
 #pragma once
@@ -33,19 +40,34 @@ namespace troupe::actors {
 
 class CreditBook {
  public:
-  CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit)
-      : lag_(max_lag), per_update_(groups_per_update), unit_(unit) {}
+  // `self` is the learner process's incarnation: the grants it makes carry it.
+  CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit, uint64_t self = 0)
+      : lag_(max_lag), per_update_(groups_per_update), unit_(unit), self_(self) {}
 
   // `peer` asks for `groups` (its current want, not an increment).
   void Request(const std::string& peer, int64_t groups) {
     pending_[peer] = std::max<int64_t>(0, groups);
   }
-  // Groups whose fate the learner decided (trained or dropped).
+  // Granted groups whose fate the learner decided (trained or dropped): what
+  // Received() returned for their batch.
   void Consumed(int64_t groups) { consumed_ += groups; }
-  // Groups produced by `peer` reached the learner.
-  void Received(const std::string& peer, int64_t groups) {
+  // A batch of incarnation `incarnation` of `peer` reached the learner; it
+  // holds `groups` groups granted by learner process `granted_by`. Returns how
+  // many of them this book had granted (and still expected from that
+  // incarnation): the caller consumes that many once the batch is decided.
+  // Incarnation 0 means "the current one".
+  int64_t Received(const std::string& peer, uint64_t incarnation, uint64_t granted_by,
+                   int64_t groups) {
+    if (granted_by != self_) return 0;  // granted by another learner process
+    auto inc = incarnation_.find(peer);
+    if (incarnation != 0 && inc != incarnation_.end() && inc->second != 0 &&
+        inc->second != incarnation)
+      return 0;  // a previous (or unknown) process of that actor: not granted here
     auto it = outstanding_.find(peer);
-    if (it != outstanding_.end()) it->second = std::max<int64_t>(0, it->second - groups);
+    if (it == outstanding_.end()) return 0;
+    const int64_t covered = std::min(std::max<int64_t>(0, groups), it->second);
+    it->second -= covered;
+    return covered;
   }
   // Grants what capacity allows, one message at a time round robin.
   std::vector<std::pair<std::string, int64_t>> Grant() {
@@ -54,7 +76,9 @@ class CreditBook {
     bool any = true;
     while (cap >= unit_ && any) {
       any = false;
-      for (auto& [peer, want] : pending_) {
+      for (auto& entry : pending_) {
+        const std::string& peer = entry.first;
+        int64_t& want = entry.second;
         if (cap < unit_) break;
         if (want < unit_) continue;
         want -= unit_;
@@ -128,6 +152,7 @@ class CreditBook {
 
  private:
   int64_t lag_, per_update_, unit_;
+  uint64_t self_;
   int64_t granted_ = 0, consumed_ = 0;
   std::map<std::string, int64_t> pending_;      // what each actor wants
   std::map<std::string, int64_t> outstanding_;  // granted, not yet received, per actor

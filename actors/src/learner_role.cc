@@ -10,19 +10,25 @@
 // and restarted from that checkpoint sees every later batch again:
 // exactly-once training end to end. With `trained` it is acknowledged as soon
 // as its fate is known (faster acks, at-most-once across learner crashes).
+//
+// Every decision goes to the batch ledger (batch_ledger.h, <run>/batches.tsv);
+// a checkpoint stores the ledger's size and this actor's state
+// (actor_state.json) inside the checkpoint directory, so a restarted learner
+// resumes from one consistent point: weights, optimizer, version line, KL
+// reference, accounting, the ids of every batch it already decided (answered
+// again with their fate, never trained twice) and its timers.
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <mutex>
 #include <set>
+#include <cstdio>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "async_broadcaster.h"
 #include "batch_codec.h"
+#include "batch_ledger.h"
 #include "credit_book.h"
 #include "role_common.h"
 #include "roles.h"
@@ -39,82 +45,9 @@
 namespace troupe::actors {
 namespace {
 
-namespace fs = std::filesystem;
 spdlog::logger& Log() {
   return log::Get("learner");
 }
-
-// Publishes weight versions on a background thread, coalescing: while one
-// broadcast runs, only the newest pending version is kept.
-class AsyncBroadcaster {
- public:
-  explicit AsyncBroadcaster(broadcast::WeightSender* sender)
-      : sender_(sender), thread_([this] { Loop(); }) {}
-  ~AsyncBroadcaster() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // Snapshots `named` (the learner keeps training) and queues it.
-  void Publish(uint64_t version, const engine::NamedTensors& named) {
-    broadcast::NamedTensors copy;
-    copy.reserve(named.size());
-    for (const auto& [n, t] : named) copy.emplace_back(n, t.detach().clone());
-    std::lock_guard<std::mutex> g(mu_);
-    next_version_ = version;
-    next_ = std::move(copy);
-    has_next_ = true;
-    cv_.notify_all();
-  }
-  // Blocks until everything queued was broadcast (or the deadline).
-  bool WaitIdle(Deadline deadline) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_until(l, deadline.at(), [&] { return !has_next_ && !busy_; });
-  }
-  uint64_t published() const { return published_.load(); }
-  uint64_t failures() const { return failures_.load(); }
-  double last_seconds() const { return last_seconds_.load(); }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> l(mu_);
-    while (true) {
-      cv_.wait(l, [&] { return stop_ || has_next_; });
-      if (stop_) return;
-      uint64_t v = next_version_;
-      broadcast::NamedTensors named = std::move(next_);
-      has_next_ = false;
-      busy_ = true;
-      l.unlock();
-      auto t0 = std::chrono::steady_clock::now();
-      Status s = sender_->Broadcast(v, named, Deadline::InMs(60000));
-      last_seconds_ = SecondsSince(t0);
-      if (s.ok()) {
-        published_ = v;
-      } else {
-        failures_.fetch_add(1);
-        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "broadcast of version {} failed: {}",
-                            v, s.ToString());
-      }
-      l.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-
-  broadcast::WeightSender* sender_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false, has_next_ = false, busy_ = false;
-  uint64_t next_version_ = 0;
-  broadcast::NamedTensors next_;
-  std::atomic<uint64_t> published_{0}, failures_{0};
-  std::atomic<double> last_seconds_{0};
-  std::thread thread_;
-};
 
 struct EvalResult {
   double accuracy = 0, reward = 0;
@@ -143,11 +76,15 @@ class LearnerRole {
   Status TrainStep();
   Status Checkpoint(const char* why);
   Status CheckpointIfAcksPile();
+  void FaultStallCheckpoint(std::string_view stage);
   void ReleaseAcks(bool all_finished);
   void Report(const trainer::StepMetrics& m);
   void SendEval(const EvalResult& e);
-  void WriteSidecar(const std::string& ckpt_dir);
-  bool ReadSidecar();
+  std::string SidecarJson(int64_t ledger_bytes) const;
+  // Restores this actor's state from `ckpt_dir`; `gap_s` is the wall time
+  // since that checkpoint when this is a crash restart (else -1).
+  Status ReadSidecar(const std::string& ckpt_dir, int64_t* ledger_bytes, double* gap_s);
+  Status Resume(const std::string& ckpt_dir);
   void Finish();
   uint64_t RlUpdates() const { return learner_->version() - rl_start_version_; }
 
@@ -164,16 +101,20 @@ class LearnerRole {
   std::unique_ptr<broadcast::WeightSender> sender_;
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
+  std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
   std::string ckpt_root_;
+  Status fatal_;  // a failure that must end the role (ledger or checkpoint I/O)
 
   // Deliveries waiting for their acknowledgement, by batch id.
   struct Held {
     std::string id;      // batch id ("" when unreadable)
-    std::string source;  // "<producer id>/<incarnation hex>" (the batch id's prefix)
-    int64_t groups = 0;
+    std::string source;  // "<producer id>/<incarnation hex>" (BatchOrigin::Source)
+    int64_t credited = 0;  // its groups the credit book had granted (consumed when decided)
     int64_t sequences = 0;
-    bool decided = false;  // trained or dropped
+    bool decided = false;  // trained, skipped or dropped
     bool rejected = false;
+    std::string fate;      // the ledger term once decided ("trained", "dropped_stale", ...)
+    int64_t unscored = 0;  // sequences left out before training (no reward: on_failure drop)
     std::string reason;
     // The batch's delivery, then copies of it that arrived before it was
     // answered (re-routed by a rollout actor after a reward actor was lost):
@@ -208,12 +149,12 @@ class LearnerRole {
       if (h.id == id) return &h;
     return nullptr;
   }
-  // Sequences decided (trained or dropped) per producer incarnation, kept in
-  // the checkpoint sidecar: the head's accounting for a rollout incarnation
-  // that died uses them instead of its last (possibly older) report.
-  std::map<std::string, int64_t> decided_by_source_;
+  // Records a decided batch in the ledger (unreadable ones have no id and
+  // are counted apart). A ledger that cannot be written ends the role.
   void Decided(const Held& h) {
-    if (!h.source.empty()) decided_by_source_[h.source] += h.sequences;
+    if (h.id.empty()) return;
+    Status s = ledger_->Record(h.id, h.source, h.fate, h.sequences, h.unscored);
+    if (!s.ok() && fatal_.ok()) fatal_ = s;
   }
   std::map<std::string, Held> held_;
   std::vector<Held> decided_unacked_;  // decided, waiting for a checkpoint (or the next ack)
@@ -221,6 +162,8 @@ class LearnerRole {
   uint64_t rl_start_version_ = 0;
   double warm_accuracy_ = -1, best_accuracy_ = -1, last_accuracy_ = -1, time_to_target_ = -1;
   double rl_elapsed_before_ = 0;  // RL seconds of earlier incarnations (resume)
+  uint32_t learner_restarts_ = 0;  // crash restarts of the learner in this job
+  double restart_lost_s_ = 0;      // wall time from each crash's last checkpoint to its resume
   std::chrono::steady_clock::time_point rl_t0_;
   double train_seconds_ = 0;
   int64_t train_tokens_ = 0, received_response_tokens_ = 0;
@@ -233,6 +176,7 @@ class LearnerRole {
   uint64_t invalid_unreadable_seqs_ = 0;  // their sequences (as the envelope claims)
   uint64_t skipped_updates_ = 0;          // updates with no learning signal (every group uniform)
   uint64_t ack_checkpoints_ = 0;          // early checkpoints taken to release acks
+  uint64_t redelivered_decided_ = 0;      // copies of batches the ledger had decided (answered)
   std::map<std::string, std::chrono::steady_clock::time_point>
       absent_since_;  // rollout actors holding grants, missing from the directory since
 };
@@ -283,7 +227,8 @@ Status LearnerRole::Setup() {
 
   credits_ =
       std::make_unique<CreditBook>(job_.trainer.effective_max_policy_lag(),
-                                   job_.batch.prompts_per_update, job_.batch.groups_per_message);
+                                   job_.batch.prompts_per_update, job_.batch.groups_per_message,
+                                   net_.identity().incarnation);
   ckpt_root_ = ctx_.run_dir + "/checkpoints";
   rt_.AddEndpoint("data", data_->endpoint());
   rt_.AddEndpoint("weights", sender_->endpoint());
@@ -555,8 +500,10 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
       receiver_->Reject(d, "the learner only accepts scoredBatch and credit messages");
     return;
   }
-  std::string producer;
-  auto batch = ReadTrainBatch(m, &producer);
+  BatchOrigin origin;
+  std::vector<uint8_t> unscored;
+  auto batch = ReadTrainBatch(m, &origin, &unscored);
+  const std::string& producer = origin.producer;
   int64_t groups = 0;
   if (batch.ok()) {
     std::set<uint32_t> gs(batch->group_index.begin(), batch->group_index.end());
@@ -579,32 +526,75 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   }
   std::string id = batch->batch_id;
   const int64_t sequences = batch->num_sequences();
-  std::string source = id.substr(0, id.rfind('/') == std::string::npos ? 0 : id.rfind('/'));
+  const std::string source = origin.Source();
+  // A copy of a batch (re-routed after a reward actor died, or re-sent to a
+  // restarted learner): answered with the first copy when that is answered,
+  // or now with the fate the ledger recorded. Never offered again.
+  if (Held* first = Unanswered(id)) {
+    first->deliveries.push_back(std::move(d));
+    return;
+  }
+  if (const BatchLedger::Entry* e = ledger_->Find(id)) {
+    ++redelivered_decided_;
+    if (e->fate == "dropped_stale" || e->fate == "dropped_invalid")
+      receiver_->Reject(d, fmt::format("batch '{}' was decided before: {}", id, e->fate));
+    else
+      receiver_->Ack(d);
+    return;
+  }
+  // Only groups this learner process granted free credit capacity when decided.
+  const int64_t credited =
+      credits_->Received(producer, origin.incarnation, origin.grant_learner,
+                         std::min<int64_t>(groups, origin.granted_groups));
   received_response_tokens_ += batch->num_response_tokens();
   for (uint8_t m : batch->loss_mask) received_env_tokens_ += m == 0;  // multi-turn tool tokens
-  auto adm = learner_->Offer(std::move(batch).value());
-  Held h{id, source, groups, sequences};
+  // Samples whose reward service failed with on_failure: drop never reach the
+  // trainer (their group's baseline is computed without them).
+  const int64_t n_unscored = batch->RemoveSequences(unscored);
+  if (n_unscored > 0 && batch->num_sequences() == 0) {
+    Held h{id, source, credited, n_unscored};
+    h.decided = true;
+    h.fate = "dropped_unscored";
+    h.reason = "no sample of the batch could be scored (on_failure: drop)";
+    credits_->Consumed(h.credited);
+    h.deliveries.push_back(std::move(d));
+    Decided(h);
+    Settle(std::move(h));
+    SendGrants();
+    return;
+  }
+  // Started under an earlier learner process's grants with a version this
+  // process never made (it resumed from an older checkpoint and the versions
+  // after it were lost with the old process): too old in effect, not a
+  // protocol error. A future version granted by this process still is one.
+  const uint64_t self = net_.identity().incarnation;
+  Result<trainer::Admission> adm =
+      origin.grant_learner != self && batch->policy_version > learner_->version()
+          ? Result<trainer::Admission>(Stale(
+                "batch policy version {} was made by an earlier learner process; this one "
+                "resumed at version {} (later versions were lost with that process)",
+                batch->policy_version, learner_->version()))
+          : learner_->Offer(std::move(batch).value());
+  Held h{id, source, credited, sequences - n_unscored};
+  h.unscored = n_unscored;
   if (adm.ok()) {
-    credits_->Received(producer, groups);
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);
     return;
   }
   const Status& s = adm.status();
   if (s.code() == Code::kAlreadyExists) {
-    // A redelivery (e.g. re-routed after a reward actor died): answered with
-    // the first copy when that is answered; now if it was already.
-    if (Held* first = Unanswered(id))
-      first->deliveries.push_back(std::move(d));
-    else
-      receiver_->Ack(d);
+    // Offered before by this process but neither held nor in the ledger:
+    // cannot happen (the ledger records every decision); answer it anyway.
+    Log().error("batch {} offered twice but not in the ledger", id);
+    receiver_->Ack(d);
     return;
   }
-  credits_->Received(producer, groups);
-  credits_->Consumed(groups);
+  credits_->Consumed(h.credited);
   TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 1000, "batch {} from {} dropped: {}", id,
                       producer, s.ToString());
   h.decided = h.rejected = true;
+  h.fate = trainer::BatchFateName(trainer::FateOfRefusal(s));
   h.reason = s.ToString();
   h.deliveries.push_back(std::move(d));
   Decided(h);
@@ -622,9 +612,11 @@ void LearnerRole::ReleaseAcks(bool checkpointed) {
     Held h = std::move(it->second);
     held_.erase(it);
     h.decided = true;
-    h.rejected = !f.trained;
+    h.rejected = !f.accepted();
+    h.fate = trainer::BatchFateName(f.fate);
+    h.sequences = f.sequences;
     h.reason = f.reason;
-    credits_->Consumed(h.groups);
+    credits_->Consumed(h.credited);
     Decided(h);
     decided_unacked_.push_back(std::move(h));
   }
@@ -723,54 +715,122 @@ Status LearnerRole::TrainStep() {
 
 // ---------------------------------------------------------------- checkpoints
 
-void LearnerRole::WriteSidecar(const std::string& dir) {
+std::string LearnerRole::SidecarJson(int64_t ledger_bytes) const {
   nlohmann::json j;
-  j["checkpoint"] = fs::path(dir).filename().string();
   j["rl_start_version"] = rl_start_version_;
   j["warm_accuracy"] = warm_accuracy_;
   j["best_accuracy"] = best_accuracy_;
+  j["last_accuracy"] = last_accuracy_;
   j["time_to_target"] = time_to_target_;
   j["rl_elapsed"] = rl_elapsed_before_ + SecondsSince(rl_t0_);
+  j["saved_unix_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  j["learner_restarts"] = learner_restarts_;
+  j["restart_lost_s"] = restart_lost_s_;
+  j["skipped_updates"] = skipped_updates_;
+  // Throughput figures of the whole job (the summary's tok/s).
+  j["received_response_tokens"] = received_response_tokens_;
+  j["received_env_tokens"] = received_env_tokens_;
+  j["train_tokens"] = train_tokens_;
+  j["train_seconds"] = train_seconds_;
   j["invalid_unreadable"] = invalid_unreadable_;
   j["invalid_unreadable_seqs"] = invalid_unreadable_seqs_;
-  nlohmann::json streams = nlohmann::json::array();
-  for (const auto& s : receiver_->Snapshot()) {
-    streams.push_back(
-        {{"sender", s.sender}, {"incarnation", s.incarnation}, {"next", s.next_expected}});
-  }
-  j["streams"] = streams;
-  j["decided_by_source"] = decided_by_source_;
-  std::string tmp = dir + "/actor_state.json.tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-  }
-  fs::rename(tmp, dir + "/actor_state.json");
+  // Deliveries are deduplicated by batch id through the ledger, not by the
+  // reliable receiver's stream state: senders open a fresh stream to a
+  // restarted learner (a new peer), so restoring sequence numbers would turn
+  // its first messages into "duplicates" and lose them.
+  j["ledger_bytes"] = ledger_bytes;
+  return j.dump(2) + "\n";
 }
 
-bool LearnerRole::ReadSidecar() {
-  std::error_code ec;
-  fs::path latest = fs::path(ckpt_root_) / "latest";
-  if (!fs::exists(latest, ec)) return false;
-  std::ifstream in(fs::canonical(latest, ec) / "actor_state.json");
-  if (!in) return false;
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded()) return false;
-  rl_start_version_ = j.value("rl_start_version", uint64_t{0});
-  warm_accuracy_ = j.value("warm_accuracy", -1.0);
-  best_accuracy_ = j.value("best_accuracy", -1.0);
-  time_to_target_ = j.value("time_to_target", -1.0);
-  rl_elapsed_before_ = j.value("rl_elapsed", 0.0);
-  invalid_unreadable_ = j.value("invalid_unreadable", uint64_t{0});
-  invalid_unreadable_seqs_ = j.value("invalid_unreadable_seqs", uint64_t{0});
-  decided_by_source_ = j.value("decided_by_source", std::map<std::string, int64_t>{});
-  std::vector<transport::StreamState> streams;
-  for (const auto& s : j.value("streams", nlohmann::json::array())) {
-    streams.push_back(
-        {s.value("sender", ""), s.value("incarnation", uint64_t{0}), s.value("next", uint64_t{1})});
+Status LearnerRole::ReadSidecar(const std::string& dir, int64_t* ledger_bytes, double* gap_s) {
+  *gap_s = -1;
+  const std::string path = dir + "/actor_state.json";
+  TROUPE_ASSIGN_OR_RETURN(std::string text, trainer::ReadFile(path));
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("ledger_bytes") ||
+      !j["ledger_bytes"].is_number_integer())
+    return Malformed("{}: not a learner state (a JSON object with ledger_bytes)", path);
+  try {
+    rl_start_version_ = j.value("rl_start_version", uint64_t{0});
+    warm_accuracy_ = j.value("warm_accuracy", -1.0);
+    best_accuracy_ = j.value("best_accuracy", -1.0);
+    last_accuracy_ = j.value("last_accuracy", -1.0);
+    time_to_target_ = j.value("time_to_target", -1.0);
+    rl_elapsed_before_ = j.value("rl_elapsed", 0.0);
+    learner_restarts_ = j.value("learner_restarts", uint32_t{0});
+    restart_lost_s_ = j.value("restart_lost_s", 0.0);
+    skipped_updates_ = j.value("skipped_updates", uint64_t{0});
+    received_response_tokens_ = j.value("received_response_tokens", int64_t{0});
+    received_env_tokens_ = j.value("received_env_tokens", int64_t{0});
+    train_tokens_ = j.value("train_tokens", int64_t{0});
+    train_seconds_ = j.value("train_seconds", 0.0);
+    invalid_unreadable_ = j.value("invalid_unreadable", uint64_t{0});
+    invalid_unreadable_seqs_ = j.value("invalid_unreadable_seqs", uint64_t{0});
+    *ledger_bytes = j["ledger_bytes"].get<int64_t>();
+    if (rt_.options().restarts > 0) {
+      // A crash restart inside this job: the time since the checkpoint (work
+      // lost and time down) is part of the job's wall time.
+      const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+      const double gap = std::max<double>(0, now_ms - j.value("saved_unix_ms", now_ms)) / 1e3;
+      rl_elapsed_before_ += gap;
+      restart_lost_s_ += gap;
+      *gap_s = gap;
+      ++learner_restarts_;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Malformed("{}: {}", path, e.what());
   }
-  receiver_->Restore(streams);
-  return true;
+  return Status::Ok();
+}
+
+// Restores everything from the checkpoint `dir`: the trainer's state, this
+// actor's state and the ledger as of that checkpoint.
+Status LearnerRole::Resume(const std::string& dir) {
+  TROUPE_RETURN_IF_ERROR(learner_->LoadCheckpoint(dir));
+  int64_t ledger_bytes = 0;
+  double gap_s = -1;
+  TROUPE_RETURN_IF_ERROR(ReadSidecar(dir, &ledger_bytes, &gap_s));
+  TROUPE_ASSIGN_OR_RETURN(ledger_, BatchLedger::Open(ctx_.run_dir + "/batches.tsv", ledger_bytes));
+  // The ledger and the trainer's counters describe the same decisions.
+  const auto c = learner_->counters();
+  const LedgerCounts t = ledger_->Total();
+  if (t.trained != static_cast<int64_t>(c.trained_sequences) ||
+      t.skipped != static_cast<int64_t>(c.skipped_sequences)) {
+    Log().error(
+        "resumed ledger disagrees with the checkpoint's counters: trained {} vs {}, skipped {} vs "
+        "{}",
+        t.trained, c.trained_sequences, t.skipped, c.skipped_sequences);
+  }
+  last_ckpt_update_ = RlUpdates();
+  last_eval_update_ = RlUpdates();
+  Log().info("resumed from checkpoint {}: version {}, {} RL updates, {} batches in the ledger{}",
+             dir, learner_->version(), RlUpdates(), ledger_->size(),
+             gap_s >= 0 ? fmt::format(" ({:.1f} s since that checkpoint)", gap_s) : "");
+  rt_.SendMetrics("resume", RlUpdates(), learner_->version(),
+                  {{"version", static_cast<double>(learner_->version())},
+                   {"ledger_batches", static_cast<double>(ledger_->size())},
+                   {"learner_restarts", static_cast<double>(learner_restarts_)},
+                   {"restart_lost_s", restart_lost_s_}});
+  return Status::Ok();
+}
+
+// Fault injection (checkpoint.fault_stall_stage): stalls this checkpoint at
+// `stage` when the trigger file exists (taken, so a restarted learner does not
+// stall again), announcing it in <run>/fault-stalled-checkpoint, until killed
+// (60 s at most).
+void LearnerRole::FaultStallCheckpoint(std::string_view stage) {
+  if (stage != job_.checkpoint.fault_stall_stage) return;
+  const std::string trigger = ctx_.run_dir + "/fault-stall-checkpoint";
+  if (std::rename(trigger.c_str(), (trigger + ".taken").c_str()) != 0) return;
+  Log().warn("fault injection: stalling at checkpoint stage '{}' until killed", stage);
+  trainer::WriteFileAtomic(ctx_.run_dir + "/fault-stalled-checkpoint", std::string(stage))
+      .IgnoreError();
+  for (int i = 0; i < 600 && !rt_.should_exit(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
 // Senders keep every unacknowledged message in a bounded outbox. Updates that
@@ -789,9 +849,16 @@ Status LearnerRole::CheckpointIfAcksPile() {
 Status LearnerRole::Checkpoint(const char* why) {
   auto t0 = std::chrono::steady_clock::now();
   ReleaseAcks(false);  // decide what can be decided before the snapshot
-  auto dir = learner_->SaveCheckpoint(ckpt_root_);
+  TROUPE_RETURN_IF_ERROR(fatal_);
+  auto ledger_bytes = ledger_->Sync();
+  if (!ledger_bytes.ok()) return ledger_bytes.status().WithContext("checkpoint");
+  trainer::CheckpointHooks hooks;
+  if (!job_.checkpoint.fault_stall_stage.empty()) hooks.on_stage = [this](std::string_view stage) {
+    FaultStallCheckpoint(stage);
+  };
+  auto dir = learner_->SaveCheckpoint(ckpt_root_, hooks,
+                                      {{"actor_state.json", SidecarJson(*ledger_bytes)}});
   if (!dir.ok()) return dir.status().WithContext("checkpoint");
-  WriteSidecar(*dir);
   last_ckpt_update_ = RlUpdates();
   ReleaseAcks(true);
   Log().info("checkpoint ({}) at update {}, version {}: {} ({:.0f} ms)", why, RlUpdates(),
@@ -815,23 +882,30 @@ void LearnerRole::Finish() {
       {"elapsed_s", elapsed},
       {"gen_tokens_per_s", elapsed > 0 ? received_response_tokens_ / elapsed : 0},
       {"train_tokens_per_s", train_seconds_ > 0 ? train_tokens_ / train_seconds_ : 0},
-      {"train_seconds", train_seconds_}};
+      {"train_seconds", train_seconds_},
+      {"learner_restarts", static_cast<double>(learner_restarts_)},
+      {"restart_lost_s", restart_lost_s_}};
   rt_.SendMetrics("summary", RlUpdates(), learner_->version(), summary);
-  std::map<std::string, double> fin = {
-      {"trained", static_cast<double>(c.trained_sequences)},
-      {"dropped_stale", static_cast<double>(c.dropped_stale_sequences)},
-      {"dropped_invalid",
-       static_cast<double>(c.dropped_invalid_sequences + invalid_unreadable_seqs_)},
-      {"unreadable_batches", static_cast<double>(invalid_unreadable_)},
-      {"queued_sequences", static_cast<double>(c.accepted_sequences - c.trained_sequences -
-                                               std::min(c.accepted_sequences - c.trained_sequences,
-                                                        c.dropped_stale_sequences))},
-      {"duplicates", static_cast<double>(c.duplicate_batches)},
-      {"skipped_updates", static_cast<double>(skipped_updates_)},
-      {"ack_checkpoints", static_cast<double>(ack_checkpoints_)}};
-  // Per producer incarnation: decided, and received but undecided (held).
-  for (const auto& [src, n] : decided_by_source_) fin["decided:" + src] = static_cast<double>(n);
-  for (const auto& [id, h] : held_) fin["held:" + h.source] += static_cast<double>(h.sequences);
+  // The accounting (launcher/src/accounting.h): the ledger's terms in total
+  // and per producer incarnation ("<term>:<source>"), and what is held
+  // undecided ("held:<source>"). Unreadable batches have no producer.
+  const LedgerCounts total = ledger_->Total();
+  std::map<std::string, double> fin;
+  for (const auto& [term, n] : total.Terms()) fin[term] = static_cast<double>(n);
+  fin["unreadable_batches"] = static_cast<double>(invalid_unreadable_);
+  fin["unreadable_sequences"] = static_cast<double>(invalid_unreadable_seqs_);
+  fin["queued_sequences"] = 0;
+  fin["duplicates"] = static_cast<double>(c.duplicate_batches + redelivered_decided_);
+  fin["skipped_updates"] = static_cast<double>(skipped_updates_);
+  fin["ack_checkpoints"] = static_cast<double>(ack_checkpoints_);
+  fin["ledger_batches"] = static_cast<double>(ledger_->size());
+  for (const auto& [src, counts] : ledger_->Counts())
+    for (const auto& [term, n] : counts.Terms())
+      if (n > 0) fin[term + ":" + src] = static_cast<double>(n);
+  for (const auto& [id, h] : held_) {
+    fin["held:" + h.source] += static_cast<double>(h.sequences);
+    fin["queued_sequences"] += static_cast<double>(h.sequences);
+  }
   rt_.SendMetrics("final", RlUpdates(), learner_->version(), fin);
   Log().info(
       "done ({}): {} updates, best accuracy {:.3f}, trained {} sequences, dropped {} stale / {} "
@@ -843,20 +917,16 @@ void LearnerRole::Finish() {
 Status LearnerRole::Run() {
   TROUPE_RETURN_IF_ERROR(Setup());
   TROUPE_RETURN_IF_ERROR(rt_.Register(Deadline::InMs(60000)));
-  bool resumed = false;
-  std::error_code ec;
-  if (fs::exists(fs::path(ckpt_root_) / "latest", ec)) {
-    Status s = learner_->LoadCheckpoint(ckpt_root_);
-    if (!s.ok()) return s.WithContext("resume from " + ckpt_root_);
-    resumed = ReadSidecar();
-    last_ckpt_update_ = RlUpdates();
-    last_eval_update_ = RlUpdates();
-    Log().info("resumed from checkpoint: version {}, {} RL updates", learner_->version(),
-               RlUpdates());
-    rt_.SendMetrics("resume", RlUpdates(), learner_->version(),
-                    {{"version", static_cast<double>(learner_->version())}});
-  }
-  if (!resumed) {
+  // The job's checkpoint, if any: a learner restarted after a crash (or a
+  // --resume) continues from it; otherwise this is a fresh job.
+  auto ckpt = trainer::ResolveCheckpoint(ckpt_root_);
+  const bool resumed = ckpt.ok();
+  if (resumed) {
+    TROUPE_RETURN_IF_ERROR(Resume(*ckpt).WithContext("resume from " + *ckpt));
+  } else if (ckpt.status().code() != Code::kNotFound) {
+    return ckpt.status().WithContext("resume");
+  } else {
+    TROUPE_ASSIGN_OR_RETURN(ledger_, BatchLedger::Open(ctx_.run_dir + "/batches.tsv", 0));
     TROUPE_RETURN_IF_ERROR(WarmStart());
     rl_start_version_ = learner_->version();
     rl_t0_ = std::chrono::steady_clock::now();
@@ -881,6 +951,7 @@ Status LearnerRole::Run() {
         HandleDelivery(std::move(more).value());
       }
     }
+    TROUPE_RETURN_IF_ERROR(fatal_);
     if (learner_->ReadyToStep()) TROUPE_RETURN_IF_ERROR(TrainStep());
     if (rt_.TakeCheckpointRequest()) TROUPE_RETURN_IF_ERROR(Checkpoint("requested"));
     TROUPE_RETURN_IF_ERROR(CheckpointIfAcksPile());
@@ -888,7 +959,7 @@ Status LearnerRole::Run() {
       last_stats = std::chrono::steady_clock::now();
       ReclaimDepartedCredits();
       auto c = learner_->counters();
-      rt_.SetStats({{"version", static_cast<double>(learner_->version())},
+      std::map<std::string, double> st = {{"version", static_cast<double>(learner_->version())},
                     {"updates", static_cast<double>(RlUpdates())},
                     {"queued_batches", static_cast<double>(c.queued_batches)},
                     {"trained", static_cast<double>(c.trained_sequences)},
@@ -898,7 +969,12 @@ Status LearnerRole::Run() {
                     {"skipped_updates", static_cast<double>(skipped_updates_)},
                     {"ack_checkpoints", static_cast<double>(ack_checkpoints_)},
                     {"duplicates", static_cast<double>(c.duplicate_batches)},
-                    {"broadcast_failures", static_cast<double>(broadcaster_->failures())}});
+                    {"broadcast_failures", static_cast<double>(broadcaster_->failures())},
+                    {"redelivered_decided", static_cast<double>(redelivered_decided_)},
+                    {"unreadable_batches", static_cast<double>(invalid_unreadable_)}};
+      const auto received = receiver_->stats();
+      AddDeliveryStats(&received, nullptr, &st);
+      rt_.SetStats(st);
       if (job_.stop.max_seconds > 0 &&
           rl_elapsed_before_ + SecondsSince(rl_t0_) >= job_.stop.max_seconds) {
         done_ = true;

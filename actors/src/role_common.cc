@@ -9,8 +9,7 @@ Result<std::unique_ptr<JobContext>> MakeJobContext(launcher::JobConfig job,
   ctx->job = std::move(job);
   ctx->run_dir = run_dir;
   ctx->bind_host = bind_host;
-  TROUPE_ASSIGN_OR_RETURN(ctx->tokenizer, engine::CharTokenizer::Create(
-                                              launcher::TokenizerAlphabet(ctx->job.tokenizer)));
+  TROUPE_ASSIGN_OR_RETURN(ctx->tokenizer, launcher::MakeTokenizer(ctx->job.tokenizer));
   ctx->renderer = std::make_unique<envs::Renderer>(*ctx->tokenizer, envs::ChatFormat::Compact());
   TROUPE_ASSIGN_OR_RETURN(auto registry, envs::TaskRegistry::Create(ctx->job.tasks));
   ctx->tasks = registry;
@@ -45,6 +44,27 @@ double RateMeter::Update() {
   pending_ = 0;
   last_ = now;
   return rate_;
+}
+
+void AddDeliveryStats(const transport::ReliableReceiverStats* received,
+                      const transport::ReliableSenderStats* sent,
+                      std::map<std::string, double>* stats) {
+  auto& s = *stats;
+  if (received) {
+    s["receiver.delivered"] = static_cast<double>(received->delivered);
+    s["receiver.duplicates"] = static_cast<double>(received->duplicates);
+    s["receiver.out_of_order"] = static_cast<double>(received->out_of_order);
+    s["receiver.reorder_overflow"] = static_cast<double>(received->reorder_overflow);
+    s["receiver.rejected"] = static_cast<double>(received->rejected);
+  }
+  if (sent) {
+    s["sender.outbox"] = static_cast<double>(sent->queued + sent->in_flight);
+    s["sender.outbox_bytes"] = static_cast<double>(sent->outbox_bytes);
+    s["sender.retransmits"] = static_cast<double>(sent->retransmits);
+    s["sender.rerouted"] = static_cast<double>(sent->rerouted);
+    s["sender.send_blocked"] = static_cast<double>(sent->send_blocked);
+    s["sender.rejected"] = static_cast<double>(sent->rejected);
+  }
 }
 
 }  // namespace troupe::actors

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "troupe/envs/task.h"
 #include "troupe/envs/tasks.h"
 #include "troupe/launcher/job_config.h"
+#include "troupe/transport/reliable.h"
 
 namespace troupe::actors {
 
@@ -18,8 +20,8 @@ namespace troupe::actors {
 struct JobContext {
   launcher::JobConfig job;
   std::string run_dir;
-  std::string bind_host = "127.0.0.1";  // address this actor binds and advertises
-  std::unique_ptr<engine::CharTokenizer> tokenizer;
+  std::string bind_host = "127.0.0.1";           // address this actor binds and advertises
+  std::unique_ptr<engine::Tokenizer> tokenizer;  // tokenizer.kind: char or hf
   std::unique_ptr<envs::Renderer> renderer;
   std::shared_ptr<const envs::TaskRegistry> tasks;
   std::vector<const envs::Task*> task_list;  // in config order
@@ -54,5 +56,11 @@ class RateMeter {
   double pending_ = 0, rate_ = 0;
   bool first_ = true;
 };
+
+// Delivery figures for heartbeats (`troupe status --stats`): the receiver's
+// dedupes and deliveries ("receiver.*") and the sender's outbox ("sender.*").
+void AddDeliveryStats(const transport::ReliableReceiverStats* received,
+                      const transport::ReliableSenderStats* sent,
+                      std::map<std::string, double>* stats);
 
 }  // namespace troupe::actors

@@ -32,6 +32,7 @@
 #include "troupe/broadcast/receiver.h"
 #include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/engine/engine.h"
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/sampler.h"
@@ -78,6 +79,7 @@ struct GroupInfo {
   const envs::Task* task = nullptr;
   envs::Prompt prompt;
   std::string prompt_text;
+  uint64_t grant_learner = 0;  // learner process whose credit started it
 };
 
 // A finished group, converted to wire records (group_index is set at sending).
@@ -88,6 +90,7 @@ struct FinishedGroup {
   int64_t tokens = 0;           // sampled (model) tokens
   int64_t env_tokens = 0;       // environment (tool) tokens, multi-turn only
   std::string failure;          // not empty: the group could not be generated (not sent)
+  uint64_t grant_learner = 0;   // learner process whose credit started it
   std::chrono::steady_clock::time_point release{};  // fault injection: not sent before this
 };
 
@@ -145,16 +148,20 @@ class RolloutRole {
   uint64_t credit_version_ = 0;  // weights must be at least this new to start granted groups
   std::optional<std::chrono::steady_clock::time_point> last_request_;
   uint64_t learner_version_ = 0;
+  uint64_t grant_learner_ = 0;  // incarnation of the learner process our credits_ come from
   uint64_t next_serial_ = 0;
   std::optional<envs::PromptStream> prompts_;  // this incarnation's own weighted task mix
   std::map<uint64_t, GroupInfo> in_flight_;
-  std::mutex done_mu_;
-  std::deque<FinishedGroup> done_;  // filled on the engine thread
+  Mutex done_mu_;
+  std::deque<FinishedGroup> done_ TROUPE_GUARDED_BY(done_mu_);  // filled on the engine thread
   std::vector<FinishedGroup> ready_;
   uint64_t batches_sent_ = 0;
 
   // Accounting (sequences).
   std::atomic<uint64_t> generated_{0}, resolved_{0}, rejected_{0};
+  // Rejected by a reward actor itself (unscorable), not by the learner: the
+  // learner's ledger never saw them, so this actor's count is their record.
+  std::atomic<uint64_t> rejected_by_reward_{0};
   uint64_t rejected_groups_ = 0;
   int64_t gen_tokens_ = 0;      // sampled tokens of finished groups
   int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups
@@ -169,10 +176,10 @@ class RolloutRole {
   // Multi-turn episodes (started on the first multi-turn group).
   std::vector<std::unique_ptr<envs::EpisodeDriver>> drivers_;
   std::vector<std::thread> episode_workers_;
-  std::mutex episode_mu_;
-  std::condition_variable episode_cv_;
-  std::deque<EpisodeGroup> episode_queue_;  // guarded by episode_mu_
-  bool episode_stop_ = false;               // guarded by episode_mu_
+  Mutex episode_mu_;
+  CondVar episode_cv_;
+  std::deque<EpisodeGroup> episode_queue_ TROUPE_GUARDED_BY(episode_mu_);
+  bool episode_stop_ TROUPE_GUARDED_BY(episode_mu_) = false;
 };
 
 Status RolloutRole::Setup() {
@@ -207,6 +214,8 @@ void RolloutRole::OnOutcome(const transport::DeliveryOutcome& o) {
   resolved_.fetch_add(n);
   if (!o.accepted) {
     rejected_.fetch_add(n);
+    // The reward actor relays the learner's rejections as "learner: <reason>".
+    if (o.reason.rfind("learner: ", 0) != 0) rejected_by_reward_.fetch_add(n);
     TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "batch rejected by {}: {}", o.peer,
                         o.reason);
   }
@@ -297,6 +306,7 @@ void RolloutRole::PollCredits(Deadline deadline) {
     if (in->message.kind() != transport::MessageKind::CREDIT) continue;
     auto c = in->message.envelope().getBody().getCredit();
     credits_ += c.getGranted();
+    grant_learner_ = in->message.incarnation();
     learner_version_ = c.getLearnerVersion();
     credit_version_ = std::max(credit_version_, learner_version_);
     last_request_.reset();
@@ -333,6 +343,7 @@ Status RolloutRole::SubmitGroups() {
     g.task = tp.task;
     g.prompt = std::move(tp.prompt);
     g.prompt_text = ctx_.renderer->PromptText(g.prompt.messages);
+    g.grant_learner = grant_learner_;
     if (g.task->multi_turn()) {
       if (episode_workers_.empty()) StartEpisodeWorkers();
       EpisodeGroup eg{serial, g.task, g.prompt,
@@ -344,7 +355,7 @@ Status RolloutRole::SubmitGroups() {
         first_submit_cpu_ = ProcessCpuSeconds();
       }
       {
-        std::lock_guard<std::mutex> l(episode_mu_);
+        MutexLock l(episode_mu_);
         episode_queue_.push_back(std::move(eg));
       }
       episode_cv_.notify_one();
@@ -386,7 +397,7 @@ Status RolloutRole::SubmitGroups() {
             sr.finish = WireFinish(r.finish_reason);
             f.seqs.push_back(std::move(sr));
           }
-          std::lock_guard<std::mutex> l(done_mu_);
+          MutexLock l(done_mu_);
           done_.push_back(std::move(f));
         });
     if (!s.ok()) {
@@ -413,7 +424,7 @@ void RolloutRole::StartEpisodeWorkers() {
 
 void RolloutRole::StopEpisodeWorkers() {
   {
-    std::lock_guard<std::mutex> l(episode_mu_);
+    MutexLock l(episode_mu_);
     episode_stop_ = true;
   }
   episode_cv_.notify_all();
@@ -426,10 +437,12 @@ void RolloutRole::EpisodeWorker(envs::EpisodeDriver* driver) {
   while (true) {
     std::vector<EpisodeGroup> take;
     {
-      std::unique_lock<std::mutex> l(episode_mu_);
+      MutexLock l(episode_mu_);
       // Bounded wait; the loop re-checks (stop requests also notify).
-      episode_cv_.wait_for(l, std::chrono::milliseconds(200),
-                           [&] { return episode_stop_ || !episode_queue_.empty(); });
+      episode_cv_.wait_until(l, Clock::now() + std::chrono::milliseconds(200),
+                             [&]() TROUPE_REQUIRES(episode_mu_) {
+                               return episode_stop_ || !episode_queue_.empty();
+                             });
       if (episode_stop_) return;
       while (!episode_queue_.empty()) {
         take.push_back(std::move(episode_queue_.front()));
@@ -495,7 +508,7 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
       }
     }
     if (--left[gi] == 0) {
-      std::lock_guard<std::mutex> l(done_mu_);
+      MutexLock l(done_mu_);
       done_.push_back(std::move(f));
     }
   };
@@ -508,13 +521,14 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
 void RolloutRole::CollectFinished() {
   std::deque<FinishedGroup> got;
   {
-    std::lock_guard<std::mutex> l(done_mu_);
+    MutexLock l(done_mu_);
     got.swap(done_);
   }
   for (auto& g : got) {
     auto it = in_flight_.find(g.serial);
     TROUPE_CHECK(it != in_flight_.end());
     const GroupInfo& meta = it->second;
+    g.grant_learner = meta.grant_learner;
     if (!g.failure.empty()) {
       TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 2000, "group {} ({}) not generated: {}",
                           g.serial, meta.prompt.id, g.failure);
@@ -563,6 +577,8 @@ Status RolloutRole::SendReady(bool flush_all) {
     std::vector<SequenceRecord> seqs;
     RolloutBatchInfo info;
     info.producer = id_;
+    info.producer_incarnation = incarnation_;
+    info.grant_learner = grant_learner_;
     info.group_size = job_.batch.samples_per_prompt;
     info.batch_id = fmt::format("{}/{:x}/{}", id_, incarnation_, batches_sent_);
     info.policy_version = UINT64_MAX;
@@ -570,6 +586,7 @@ Status RolloutRole::SendReady(bool flush_all) {
     for (size_t gi = 0; gi < take; ++gi) {
       auto& g = ready_[gi];
       info.policy_version = std::min(info.policy_version, g.policy_version);
+      if (g.grant_learner == grant_learner_) ++info.granted_groups;
       for (const auto& r : g.seqs) {
         seqs.push_back(r);  // copied: a failed send keeps the group for a retry
         seqs.back().group_index = static_cast<uint32_t>(gi);
@@ -620,12 +637,14 @@ void RolloutRole::UpdateStats() {
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
       {"rejected", static_cast<double>(rejected_.load())},
+      {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
       {"credits", static_cast<double>(credits_)},
       {"groups_generating", static_cast<double>(in_flight_.size() - ready_.size())},
       {"outbox", static_cast<double>(st.queued + st.in_flight)},
       {"retransmits", static_cast<double>(st.retransmits)},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) stats[k] = v;
+  AddDeliveryStats(nullptr, &st, &stats);
   rt_.SetStats(stats);
   rt_.SetPolicyVersion(engine_->version());
 }
@@ -712,12 +731,14 @@ Status RolloutRole::Run() {
       {"gen_cpu_s", active_cpu_s},
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
+      {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) final_metrics[k] = v;
   rt_.SendMetrics("final", 0, engine_->version(), final_metrics);
   rt_.SetStats({{"generated", static_cast<double>(gen)},
                 {"resolved", static_cast<double>(res)},
-                {"in_flight", static_cast<double>(gen - res)}});
+                {"in_flight", static_cast<double>(gen - res)},
+                {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())}});
   Log().info("exiting ({}): generated {} sequences, {} resolved, {} in flight",
              ExitReasonName(rt_.exit_reason()), gen, res, gen - res);
   if (receiver_) receiver_->Leave(Deadline::InMs(2000)).IgnoreError();

@@ -203,7 +203,9 @@ Status ActorRuntime::Register(Deadline deadline) {
     MutexLock l(mu_);
     bool done =
         cv_.wait_until(l, std::min(limit.at(), Clock::now() + std::chrono::milliseconds(1000)),
-                       [&] { return registered_ || !refusal_.empty() || should_exit(); });
+                       [&]() TROUPE_REQUIRES(mu_) {
+                         return registered_ || !refusal_.empty() || should_exit();
+                       });
     if (registered_) return Status::Ok();
     if (!refusal_.empty()) return Unavailable("the head refused registration: {}", refusal_);
     if (should_exit())
@@ -222,7 +224,9 @@ DirectorySnapshot ActorRuntime::directory() const {
 
 uint64_t ActorRuntime::WaitDirectory(uint64_t seen_epoch, Deadline deadline) const {
   MutexLock l(mu_);
-  cv_.wait_until(l, deadline.at(), [&] { return directory_.epoch > seen_epoch || should_exit(); });
+  cv_.wait_until(l, deadline.at(), [&]() TROUPE_REQUIRES(mu_) {
+    return directory_.epoch > seen_epoch || should_exit();
+  });
   return directory_.epoch;
 }
 
@@ -327,6 +331,14 @@ void ActorRuntime::SendHeartbeat() {
   hb.setPolicyVersion(policy_version_.load());
   MutexLock l(mu_);
   stats_["log_lines_dropped"] = static_cast<double>(logs_dropped_.load());
+  // What every socket of this process sent, received and refused (garbage,
+  // oversized or wrong-schema messages, CURVE handshakes without the job's
+  // keys): operators see rejected input in `troupe status --stats`. Reasons
+  // that never happened are left out.
+  for (const auto& [k, v] : network_->counters().ToStats()) {
+    if (v == 0 && k.rfind("transport.rejected.", 0) == 0) continue;
+    stats_[k] = static_cast<double>(v);
+  }
   auto list = hb.initStats(static_cast<unsigned>(stats_.size()));
   unsigned i = 0;
   for (auto& [k, v] : stats_) {

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
     std::cerr << job.status().ToString() << "\n";
     return 2;
   }
-  auto tok = engine::CharTokenizer::Create(launcher::TokenizerAlphabet(job->tokenizer));
+  auto tok = launcher::MakeTokenizer(job->tokenizer);
   if (!tok.ok()) return 1;
   envs::Renderer renderer(**tok, envs::ChatFormat::Compact());
   auto tasks = envs::TaskRegistry::Create(job->tasks);

@@ -77,4 +77,10 @@ Result<std::string> CharTokenizer::IdToPiece(int32_t id) const {
   return std::string(1, alphabet_[static_cast<size_t>(id - kNumSpecial)]);
 }
 
+int32_t CharTokenizer::TokenToId(std::string_view piece) const {
+  for (int32_t id = 0; id < kNumSpecial; ++id)
+    if (piece == kSpecialPieces[id]) return id;
+  return piece.size() == 1 ? byte_to_id_[static_cast<unsigned char>(piece[0])] : -1;
+}
+
 }  // namespace troupe::engine

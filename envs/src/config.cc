@@ -1,5 +1,7 @@
 #include "troupe/envs/config.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <set>
 
@@ -122,6 +124,20 @@ Status TaskConfig::Validate() const {
   return Status::Ok();
 }
 
+Status ChatConfig::Validate() const {
+  if (format != "auto" && format != "template" && format != "compact" && format != "tagged")
+    return InvalidArgument("chat.format '{}' is not one of auto, template, compact, tagged",
+                           format.substr(0, 40));
+  for (const auto& [name, value] : variables) {
+    if (name.empty() || name.size() > 64)
+      return InvalidArgument("chat.variables: a name must be 1-64 characters");
+    if (!nlohmann::json::accept(value))
+      return InvalidArgument("chat.variables.{}: '{}' is not JSON (strings need quotes)", name,
+                             value.substr(0, 40));
+  }
+  return Status::Ok();
+}
+
 Status EpisodeConfig::Validate() const {
   TROUPE_RETURN_IF_ERROR(CheckRange("episode.max_turns", max_turns, 1, 1000));
   TROUPE_RETURN_IF_ERROR(
@@ -150,6 +166,10 @@ Status RewardServiceConfig::Validate() const {
   if (s.ok()) s = CheckRange("max_attempts", max_attempts, 1, 20);
   if (s.ok()) s = CheckRange("backoff_ms", backoff_ms, 0, 60000);
   if (s.ok()) s = CheckRange("max_backoff_ms", max_backoff_ms, backoff_ms, 600000);
+  if (s.ok()) s = CheckRange("breaker_failures", breaker_failures, 0, 1000000);
+  if (s.ok()) s = CheckRange("breaker_cooldown_ms", breaker_cooldown_ms, 1, 3600000);
+  if (s.ok() && on_failure != "zero" && on_failure != "drop")
+    s = InvalidArgument("on_failure must be zero or drop, got '{}'", on_failure);
   return s.ok() ? s : ctx(s);
 }
 

@@ -68,27 +68,27 @@ EpisodeFlags& EpisodeFlags::operator+=(const EpisodeFlags& o) {
 // ---------------------------------------------------------------- Episode
 
 Episode::Episode(const Task& task, Prompt prompt, const EpisodeConfig& config,
-                 std::unique_ptr<Environment> env)
-    : task_(task), prompt_(std::move(prompt)), config_(config), env_(std::move(env)) {}
+                 std::unique_ptr<Environment> env, ToolCallFormat format)
+    : task_(task), prompt_(std::move(prompt)), config_(config), env_(std::move(env)), format_(format) {}
 
 Result<std::unique_ptr<Episode>> Episode::Start(const Task& task, Prompt prompt,
-                                                const EpisodeConfig& config) {
+                                                const EpisodeConfig& config, ToolCallFormat format) {
   TROUPE_RETURN_IF_ERROR(config.Validate());
   if (!task.multi_turn())
     return InvalidArgument("task '{}' is single-turn; episodes need a multi-turn task",
                            task.name());
   TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<Environment> env, task.NewEnvironment(prompt));
-  return std::unique_ptr<Episode>(new Episode(task, std::move(prompt), config, std::move(env)));
+  return std::unique_ptr<Episode>(
+      new Episode(task, std::move(prompt), config, std::move(env), format));
 }
 
 ToolResult Episode::RunCall(std::string_view text) {
-  ParsedTurn parsed = ParseToolCall(text);
+  ParsedTurn parsed = ParseToolCall(text, format_);
   const auto& tools = env_->tools();
   if (parsed.kind == ParsedTurn::Kind::kNoCall) {
     ++flags_.missing_calls;
-    return ToolResult::Error(
-        fmt::format("no tool call found; write <tool>name {{json arguments}}</tool> (tools: {})",
-                    ToolNames(tools)));
+    return ToolResult::Error(fmt::format("no tool call found; write {} (tools: {})",
+                                         ToolCallSyntax(format_), ToolNames(tools)));
   }
   if (parsed.kind == ParsedTurn::Kind::kMalformed) {
     ++flags_.unparsable_calls;
@@ -203,7 +203,7 @@ Result<std::unique_ptr<TokenEpisode>> TokenEpisode::Start(const Task& task, Prom
                                                           const Renderer& renderer) {
   TROUPE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, renderer.RenderPrompt(prompt.messages));
   TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<Episode> ep,
-                          Episode::Start(task, std::move(prompt), config));
+                          Episode::Start(task, std::move(prompt), config, renderer.tool_call_format()));
   return std::unique_ptr<TokenEpisode>(new TokenEpisode(renderer, std::move(ep), std::move(ids)));
 }
 

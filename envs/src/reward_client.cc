@@ -94,6 +94,7 @@ struct RewardClient::Impl {
     stats.resize(config.services.size() + 1);
     for (size_t i = 0; i < config.services.size(); ++i) stats[i].name = config.services[i].name;
     stats.back().name = "<unrouted>";
+    breakers.resize(config.services.size());
     headers = curl_slist_append(headers, "Content-Type: application/json");
     headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     max_pool = static_cast<size_t>(config.max_concurrency) * 2;
@@ -133,6 +134,48 @@ struct RewardClient::Impl {
     return 0.5 + rng.UniformReal();
   }
 
+  // Per-service circuit breaker (RewardServiceConfig::breaker_failures).
+  struct Breaker {
+    int64_t consecutive = 0;  // samples in a row that failed for the service's reasons
+    bool open = false;
+    bool probing = false;  // open, cooldown over, one probe request in flight
+    Clock::time_point retry_at{};
+  };
+  enum class Admit { kSend, kProbe, kFailFast };
+  // Whether a sample may be sent to `service` now; on kFailFast `wait_ms` is
+  // the time until the next probe.
+  Admit BreakerAdmit(size_t service, int64_t* wait_ms) {
+    MutexLock lock(mu);
+    Breaker& b = breakers[service];
+    if (!b.open) return Admit::kSend;
+    const auto now = Clock::now();
+    if (!b.probing && now >= b.retry_at) {
+      b.probing = true;
+      return Admit::kProbe;
+    }
+    *wait_ms = std::max<int64_t>(
+        0, std::chrono::duration_cast<Millis>(b.retry_at - now).count());
+    return Admit::kFailFast;
+  }
+  // The outcome of a sample that was sent; returns true when this opened the breaker.
+  bool BreakerRecord(size_t service, const RewardServiceConfig& svc, bool service_failed) {
+    MutexLock lock(mu);
+    Breaker& b = breakers[service];
+    if (!service_failed) {
+      b = Breaker{};
+      return false;
+    }
+    ++b.consecutive;
+    const bool was_open = b.open;
+    if (b.open || (svc.breaker_failures > 0 && b.consecutive >= svc.breaker_failures)) {
+      b.open = true;
+      b.probing = false;
+      b.retry_at = Clock::now() + Millis(svc.breaker_cooldown_ms);
+      if (!was_open) ++stats[service].breaker_opened;
+    }
+    return !was_open && b.open;
+  }
+
   std::map<std::string, size_t> index;  // immutable after construction
   curl_slist* headers = nullptr;        // immutable after construction
   size_t max_pool = 32;
@@ -140,6 +183,7 @@ struct RewardClient::Impl {
   Mutex mu;
   std::vector<CURL*> pool TROUPE_GUARDED_BY(mu);
   std::vector<RewardServiceStats> stats TROUPE_GUARDED_BY(mu);
+  std::vector<Breaker> breakers TROUPE_GUARDED_BY(mu);  // one per configured service
 };
 
 namespace {
@@ -182,7 +226,13 @@ Attempt PostOnce(CURL* h, curl_slist* headers, const RewardServiceConfig& svc,
     std::string detail = errbuf[0] ? errbuf : curl_easy_strerror(rc);
     if (rc == CURLE_OPERATION_TIMEDOUT) {
       a.fail = Fail::kTimeout;
-      a.reason = fmt::format("timeout after {} ms", timeout_ms);
+      // Say which limit ended it: the attempt's own, or what was left of the
+      // sample's time (call_timeout_ms, or the caller's deadline).
+      a.reason = timeout_ms < svc.timeout_ms
+                     ? fmt::format("no answer within {} ms (the attempt limit timeout_ms {} was "
+                                   "cut to the time left for this sample)",
+                                   timeout_ms, svc.timeout_ms)
+                     : fmt::format("no answer within timeout_ms {} ms", timeout_ms);
     } else if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
                rc == CURLE_COULDNT_RESOLVE_PROXY) {
       a.fail = Fail::kUnreachable;
@@ -261,6 +311,24 @@ VerifyResult RewardClient::Verify(const RewardRequest& request, Deadline deadlin
   const RewardServiceConfig& svc = config_.services[idx];
   const std::string scorer = "http:" + svc.name;
   impl_->Update(idx, [](RewardServiceStats& s) { ++s.samples; });
+  // A service the breaker holds open: the sample fails now, without a request.
+  auto failed = [&](std::string reason) {
+    VerifyResult r = VerifyResult::Failure(scorer, std::move(reason));
+    r.unscored = svc.on_failure == "drop";
+    return r;
+  };
+  int64_t wait_ms = 0;
+  const Impl::Admit admit = impl_->BreakerAdmit(idx, &wait_ms);
+  if (admit == Impl::Admit::kFailFast) {
+    impl_->Update(idx, [](RewardServiceStats& s) {
+      ++s.failed;
+      ++s.short_circuited;
+    });
+    return failed(fmt::format(
+        "reward service '{}' is failing: circuit open after {} samples in a row failed; next "
+        "probe in {} ms",
+        svc.name, svc.breaker_failures, wait_ms));
+  }
   const std::string body = RequestBody(request);
 
   Attempt last;
@@ -305,6 +373,9 @@ VerifyResult RewardClient::Verify(const RewardRequest& request, Deadline deadlin
 
   double latency_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   if (last.fail == Fail::kNone) {
+    if (admit == Impl::Admit::kProbe)
+      log::Get("envs").info("reward service '{}' answered the probe: circuit closed", svc.name);
+    impl_->BreakerRecord(idx, svc, false);
     impl_->Update(idx, [&](RewardServiceStats& s) {
       ++s.ok;
       s.latency_ms_total += latency_ms;
@@ -314,11 +385,20 @@ VerifyResult RewardClient::Verify(const RewardRequest& request, Deadline deadlin
     return r;
   }
   impl_->Update(idx, [](RewardServiceStats& s) { ++s.failed; });
+  // A request the service rejected as wrong (4xx), or a sample that ran out
+  // of time before any request went out, says nothing of the service's health.
+  const bool service_failed = attempt > 0 && (last.fail != Fail::kHttpStatus || last.retryable);
+  if (impl_->BreakerRecord(idx, svc, service_failed)) {
+    log::Get("envs").warn(
+        "reward service '{}': circuit open after {} samples in a row failed (last: {}); samples "
+        "fail fast for {} ms, then one probe request",
+        svc.name, svc.breaker_failures, last.reason, svc.breaker_cooldown_ms);
+  }
   TROUPE_LOG_EVERY_MS(log::Get("envs"), spdlog::level::warn, 5000,
                       "reward service '{}' failed: {} (after {} attempt(s))", svc.name, last.reason,
                       attempt);
-  return VerifyResult::Failure(scorer, fmt::format("reward service '{}': {} (after {} attempt(s))",
-                                                   svc.name, last.reason, attempt));
+  return failed(fmt::format("reward service '{}': {} (after {} attempt(s))", svc.name,
+                            last.reason, attempt));
 }
 
 std::vector<VerifyResult> RewardClient::VerifyBatch(const std::vector<RewardRequest>& requests,
@@ -364,6 +444,8 @@ std::vector<std::pair<std::string, double>> RewardClient::StatsForMetrics() cons
     add("timeouts", static_cast<double>(s.timeouts));
     add("http_status", static_cast<double>(s.http_status));
     add("malformed", static_cast<double>(s.malformed));
+    add("short_circuited", static_cast<double>(s.short_circuited));
+    add("breaker_opened", static_cast<double>(s.breaker_opened));
     add("latency_ms_mean", s.ok ? s.latency_ms_total / static_cast<double>(s.ok) : 0.0);
   }
   return out;

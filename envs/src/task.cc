@@ -1,4 +1,5 @@
 #include "troupe/envs/task.h"
+#include "troupe/envs/tool_call.h"
 
 #include "generated_task.h"
 #include "troupe/envs/tasks.h"
@@ -42,7 +43,7 @@ Result<std::string> Task::ExpertTurn(const Prompt& prompt, const Conversation& t
 
 std::string ToolInstructions(const std::vector<ToolSpec>& tools) {
   std::string out =
-      "Call one tool per turn by writing <tool>name {json arguments}</tool>. Tools:\n";
+      "Call one tool per turn by writing " + ToolCallSyntax(ToolCallFormat::kTroupe) + ". Tools:\n";
   for (const auto& t : tools) out += fmt::format("- {} {}: {}\n", t.name, t.usage, t.description);
   return out;
 }

@@ -1,5 +1,7 @@
 #include "troupe/envs/tool_call.h"
 
+#include "troupe/jinja/template.h"
+
 namespace troupe::envs {
 namespace {
 
@@ -81,7 +83,7 @@ std::string SafeDump(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-ParsedTurn ParseToolCall(std::string_view text) {
+static ParsedTurn ParseTroupeCall(std::string_view text) {
   size_t open = text.find(kToolOpen);
   if (open == std::string_view::npos) {
     if (text.find("<tool") != std::string_view::npos ||
@@ -133,14 +135,198 @@ ParsedTurn ParseToolCall(std::string_view text) {
                                  turn.call.name, Excerpt(text.substr(i))));
   }
   turn.call.canonical = turn.call.name + " " + SafeDump(turn.call.args);
+  turn.begin = open;
+  turn.end = i + kToolClose.size();
   return turn;
 }
 
-std::string FormatToolCall(std::string_view name, const json& args) {
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr size_t kMaxJsonToolNameBytes = 64;
+
+// The JSON object {"name": ..., "arguments"|"parameters": ...} of a Hermes or
+// Llama 3 call, starting at text[begin] == '{'. Sets *end past the object.
+ParsedTurn ParseJsonCall(std::string_view text, size_t begin, size_t* end) {
+  std::string error;
+  std::optional<size_t> stop = ScanObject(text, begin, &error);
+  if (!stop) return Malformed(error);
+  *end = *stop;
+  json obj = json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin),
+                         text.begin() + static_cast<std::ptrdiff_t>(*stop), nullptr,
+                         /*allow_exceptions=*/false);
+  if (obj.is_discarded() || !obj.is_object()) return Malformed("the tool call is not a valid JSON object");
+  auto name = obj.find("name");
+  if (name == obj.end() || !name->is_string()) return Malformed("the tool call has no \"name\" string");
+  const std::string& n = name->get_ref<const std::string&>();
+  bool printable = !n.empty() && n.size() <= kMaxJsonToolNameBytes;
+  for (char c : n) printable = printable && c > 0x20 && c < 0x7f;
+  if (!printable)
+    return Malformed(fmt::format("tool name '{}' must be 1-{} printable ASCII characters",
+                                 Excerpt(n), kMaxJsonToolNameBytes));
+  json args = json::object();
+  int arg_keys = 0;
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (it.key() == "name") continue;
+    if (it.key() != "arguments" && it.key() != "parameters")
+      return Malformed(fmt::format("unexpected key \"{}\" in the call to '{}' (expected name, "
+                                   "arguments)",
+                                   Excerpt(it.key()), Excerpt(n)));
+    if (++arg_keys > 1) return Malformed(fmt::format("the call to '{}' has both arguments and parameters", Excerpt(n)));
+    if (it->is_string()) {  // Qwen's template accepts arguments as JSON text
+      args = json::parse(it->get_ref<const std::string&>(), nullptr, false);
+      if (args.is_discarded() || !args.is_object())
+        return Malformed(fmt::format("arguments of '{}' are a string that is not a JSON object", Excerpt(n)));
+    } else if (it->is_object()) {
+      args = *it;
+    } else if (!it->is_null()) {
+      return Malformed(fmt::format("arguments of '{}' must be a JSON object, got {}", Excerpt(n),
+                                   it->type_name()));
+    }
+  }
+  ParsedTurn turn;
+  turn.kind = ParsedTurn::Kind::kCall;
+  turn.call.name = n;
+  turn.call.args = std::move(args);
+  turn.call.canonical = turn.call.name + " " + SafeDump(turn.call.args);
+  return turn;
+}
+
+ParsedTurn ParseHermesCall(std::string_view text) {
+  size_t open = text.find(kHermesOpen);
+  if (open == std::string_view::npos) {
+    if (text.find("<tool_call") != std::string_view::npos ||
+        text.find(kHermesClose) != std::string_view::npos)
+      return Malformed("found an incomplete tool_call tag; write " +
+                       ToolCallSyntax(ToolCallFormat::kHermes));
+    return ParsedTurn{};
+  }
+  size_t i = SkipWs(text, open + kHermesOpen.size());
+  if (i >= text.size() || text[i] != '{')
+    return Malformed(fmt::format("expected a JSON object after <tool_call>, found '{}'",
+                                 Excerpt(text.substr(i))));
+  size_t end = 0;
+  ParsedTurn turn = ParseJsonCall(text, i, &end);
+  if (turn.kind != ParsedTurn::Kind::kCall) return turn;
+  i = SkipWs(text, end);
+  if (text.substr(i, kHermesClose.size()) != kHermesClose)
+    return Malformed(fmt::format("the call to '{}' is missing </tool_call>", Excerpt(turn.call.name)));
+  turn.begin = open;
+  turn.end = i + kHermesClose.size();
+  return turn;
+}
+
+ParsedTurn ParseLlama3Call(std::string_view text) {
+  size_t i = SkipWs(text, 0);
+  size_t begin = i;
+  if (text.substr(i, kPythonTag.size()) == kPythonTag) i = SkipWs(text, i + kPythonTag.size());
+  if (i >= text.size() || text[i] != '{') {
+    if (text.find("{\"name\"") != std::string_view::npos)
+      return Malformed("a tool call must be the whole reply: " +
+                       ToolCallSyntax(ToolCallFormat::kLlama3Json));
+    return ParsedTurn{};
+  }
+  size_t end = 0;
+  ParsedTurn turn = ParseJsonCall(text, i, &end);
+  if (turn.kind != ParsedTurn::Kind::kCall) return turn;
+  size_t rest = SkipWs(text, end);
+  if (rest < text.size())
+    return Malformed(fmt::format("text after the call to '{}': '{}' (a call is the whole reply)",
+                                 Excerpt(turn.call.name), Excerpt(text.substr(rest))));
+  turn.begin = begin;
+  turn.end = end;
+  return turn;
+}
+
+// Arguments as a chat template's tojson writes them.
+std::string TemplateJson(const json& args) {
+  Result<std::string> text = jinja::ToJsonText(nlohmann::ordered_json(args));
+  return text.ok() ? *text : SafeDump(args);
+}
+
+}  // namespace
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kTroupe: return "troupe";
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+  }
+  return "troupe";
+}
+
+Result<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
+  for (ToolCallFormat f : {ToolCallFormat::kTroupe, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+    if (name == ToolCallFormatName(f)) return f;
+  return InvalidArgument("tool-call format '{}' is not one of troupe, hermes, llama3_json",
+                         Excerpt(name, 40));
+}
+
+std::string ToolCallSyntax(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kTroupe: return "<tool>name {json arguments}</tool>";
+    case ToolCallFormat::kHermes:
+      return "<tool_call>{\"name\": name, \"arguments\": {json arguments}}</tool_call>";
+    case ToolCallFormat::kLlama3Json:
+      return "{\"name\": name, \"parameters\": {json arguments}} as the whole reply";
+  }
+  return "";
+}
+
+ParsedTurn ParseToolCall(std::string_view text, ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return ParseHermesCall(text);
+    case ToolCallFormat::kLlama3Json: return ParseLlama3Call(text);
+    case ToolCallFormat::kTroupe: break;
+  }
+  return ParseTroupeCall(text);
+}
+
+std::string FormatToolCall(std::string_view name, const json& args, ToolCallFormat format) {
+  json a = args.is_object() ? args : json::object();
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return fmt::format("<tool_call>\n{{\"name\": \"{}\", \"arguments\": {}}}\n</tool_call>", name,
+                         TemplateJson(a));
+    case ToolCallFormat::kLlama3Json:
+      return fmt::format("{{\"name\": \"{}\", \"parameters\": {}}}", name, TemplateJson(a));
+    case ToolCallFormat::kTroupe: break;
+  }
   std::string out(kToolOpen);
   out += name;
-  if (args.is_object() && !args.empty()) out += " " + SafeDump(args);
+  if (!a.empty()) out += " " + SafeDump(a);
   out += kToolClose;
+  return out;
+}
+
+std::string RewriteToolCalls(std::string_view text, ToolCallFormat format) {
+  if (format == ToolCallFormat::kTroupe) return std::string(text);
+  const std::string generic = ToolCallSyntax(ToolCallFormat::kTroupe);
+  std::string out;
+  size_t pos = 0;
+  for (;;) {
+    size_t open = text.find(kToolOpen, pos);
+    size_t syntax = text.find(generic, pos);
+    if (syntax != std::string_view::npos && syntax <= open) {
+      out.append(text.substr(pos, syntax - pos));
+      out += ToolCallSyntax(format);
+      pos = syntax + generic.size();
+      continue;
+    }
+    if (open == std::string_view::npos) break;
+    ParsedTurn t = ParseTroupeCall(text.substr(open));
+    out.append(text.substr(pos, open - pos));
+    if (t.kind == ParsedTurn::Kind::kCall) {
+      out += FormatToolCall(t.call.name, t.call.args, format);
+      pos = open + t.end;
+    } else {
+      out.append(kToolOpen);
+      pos = open + kToolOpen.size();
+    }
+  }
+  out.append(text.substr(pos));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -190,17 +191,43 @@ Status ApplyOverride(YAML::Node* root, const std::string& assignment) {
   return Status::Ok();
 }
 
+// A job config is a page of YAML; anything this big is the wrong file.
+constexpr uintmax_t kMaxConfigBytes = 4 << 20;
+
 Result<YAML::Node> LoadYamlFile(const std::string& path) {
-  std::ifstream in(path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) return NotFound("config file '{}' does not exist", path);
+  if (fs::is_directory(st))
+    return InvalidArgument("config '{}' is a folder, not a YAML file", path);
+  if (!fs::is_regular_file(st))
+    return InvalidArgument("config '{}' is not a regular file", path);
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxConfigBytes)
+    return InvalidArgument("config file '{}' is {} bytes; a job config is at most {}", path, size,
+                           kMaxConfigBytes);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("config file '{}' cannot be opened: {}", path, std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return IoError("config file '{}' cannot be read: {}", path, std::strerror(errno));
+  if (text.find('\0') != std::string::npos)
+    return InvalidArgument("config file '{}' is binary (it holds NUL bytes), not YAML", path);
   try {
-    YAML::Node n = YAML::Load(in);
-    if (n.IsNull()) n = YAML::Node(YAML::NodeType::Map);
+    YAML::Node n = YAML::Load(text);
+    // An empty file (or only comments) would start a job with every default:
+    // almost certainly the wrong file.
+    if (n.IsNull())
+      return InvalidArgument("config file '{}' is empty: it sets no keys (at least `name:`)",
+                             path);
+    if (!n.IsMap())
+      return InvalidArgument("config file '{}' is not a YAML mapping of keys (it holds a {})",
+                             path, n.IsSequence() ? "list" : "single value");
     return n;
   } catch (const YAML::ParserException& e) {
     return InvalidArgument("{}: line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1,
                            e.msg);
-  } catch (const YAML::Exception& e) {
+  } catch (const std::exception& e) {
     return InvalidArgument("{}: {}", path, e.what());
   }
 }

@@ -124,6 +124,7 @@ Result<ControlResult> SendControl(const RunDir& run, const std::string& kind, De
       s.restarts = a.getRestarts();
       s.last_heartbeat_ns = a.getLastHeartbeatNs();
       for (auto kv : a.getStats()) s.stats[kv.getName()] = kv.getValue();
+      for (auto ep : a.getEndpoints()) s.endpoints[ep.getName()] = ep.getAddress();
       out.actors.push_back(std::move(s));
     }
     for (auto p : rep.getProgress()) out.progress[p.getName()] = p.getValue();

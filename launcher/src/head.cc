@@ -3,8 +3,10 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -14,7 +16,9 @@
 
 #include "accounting.h"
 #include "progress.h"
+#include "troupe/core/exit_codes.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/transport/message.h"
 
 namespace troupe::launcher {
@@ -105,6 +109,7 @@ struct Record {
   std::optional<Clock::time_point> restart_at;
   bool given_up = false;
   std::unique_ptr<std::ofstream> log;          // logs/<id>.log
+  std::string last_error;                      // its last error-level log line (exit reasons)
   std::map<std::string, double> final_report;  // the actor's "final" metrics
   // Last word (final report, else last stats) of incarnations that ended and
   // were restarted, with their source key
@@ -161,7 +166,7 @@ class Head::Impl {
 
   Status Run();
   JobSummary summary() const {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     return summary_;
   }
   std::vector<ActorStatus> Snapshot() const;
@@ -175,6 +180,10 @@ class Head::Impl {
   void Reconcile();
   void Tick();
   void BeginShutdown(const std::string& why, bool stopped);
+  // The head could not write `path` in the run folder: the job stops now
+  // (nothing it records would survive), once.
+  void WriteFailed(const std::string& path);
+  bool write_failed_ = false;
   void ShutdownTick();
 
   // ---- messages
@@ -229,8 +238,8 @@ class Head::Impl {
   int shutdown_phase_ = 0;
   std::ofstream metrics_;
   Progress progress_;
-  mutable std::mutex summary_mu_;
-  JobSummary summary_;
+  mutable Mutex summary_mu_;
+  JobSummary summary_ TROUPE_GUARDED_BY(summary_mu_);
   bool finished_ = false;
   int stop_requests_seen_offset_ = 0;
   // Every incarnation of removed actors (scaled down): for the accounting.
@@ -305,7 +314,7 @@ void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
                 max_restarts);
     if (r.role == o_.completion_role) {
       BeginShutdown(r.id + " failed: " + why, false);
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.failure = r.id + " failed after " + std::to_string(r.restarts) + " restarts: " + why;
     }
     return;
@@ -327,11 +336,30 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
     Log().info("{} exited ({})", r.id, e.ToString());
     return;
   }
+  if (e.exited && e.code == kExitFatal) {
+    // The actor says restarting cannot help (its run folder cannot be
+    // written: full disk, read-only or gone): the job stops now, with why.
+    SetState(r, ActorState::FAILED);
+    r.given_up = true;
+    // The actor's last error line, without its time stamp and name prefix.
+    std::string last = r.last_error;
+    if (auto at = last.find("] "); at != std::string::npos) last = last.substr(at + 2);
+    if (auto at = last.find(": "); at != std::string::npos && at < 16) last = last.substr(at + 2);
+    const std::string why =
+        r.id + " stopped" + (last.empty() ? std::string(" with a fatal error (exit 4)") : ": " + last);
+    Log().error("{}; stopping the job", why);
+    {
+      MutexLock g(summary_mu_);
+      summary_.failure = why;
+    }
+    BeginShutdown(why, false);
+    return;
+  }
   if (r.role == o_.completion_role && e.exited && e.code == 0) {
     SetState(r, ActorState::EXITED);
     Log().info("{} finished the job", r.id);
     {
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.completed = true;
     }
     BeginShutdown("job complete", false);
@@ -417,11 +445,24 @@ void Head::Impl::Tick() {
   Reconcile();
 }
 
+void Head::Impl::WriteFailed(const std::string& path) {
+  if (write_failed_) return;
+  write_failed_ = true;
+  const std::string why = "cannot write " + path + ": " + std::strerror(errno) +
+                          " (the run folder is full or not writable)";
+  Log().error("{}; stopping the job", why);
+  {
+    MutexLock g(summary_mu_);
+    if (summary_.failure.empty()) summary_.failure = why;
+  }
+  BeginShutdown(why, false);
+}
+
 void Head::Impl::BeginShutdown(const std::string& why, bool stopped) {
   if (shutting_down_) return;
   shutting_down_ = true;
   {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     summary_.stopped = stopped;
   }
   Log().info("shutting down: {}", why);
@@ -649,8 +690,10 @@ void Head::Impl::OnLog(const transport::InMessage& m) {
   if (!r) return;
   if (!r->log) r->log = std::make_unique<std::ofstream>(o_.run.log_file(sender), std::ios::app);
   auto rec = m.envelope().getBody().getLogRecord();
+  if (rec.getLevel() >= spdlog::level::err) r->last_error = rec.getText();
   *r->log << rec.getText().cStr() << '\n';
   r->log->flush();
+  if (!*r->log) WriteFailed(o_.run.log_file(sender));
 }
 
 void Head::Impl::OnMetrics(const transport::InMessage& m) {
@@ -681,10 +724,11 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   }
   metrics_ << j.dump() << '\n';
   metrics_.flush();
+  if (!metrics_) WriteFailed(o_.run.metrics());
   if (kind == "final") {
     if (Record* r = Find(sender)) r->final_report = stats;
   } else if (kind == "summary") {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     summary_.learner_summary = stats;
   }
   progress_.OnMetrics(kind, mt.getStep(), stats);
@@ -832,40 +876,46 @@ Status Head::Impl::Run() {
   // Drain what the actors said last (final reports).
   HandleMessages();
   WriteSummary();
-  std::lock_guard<std::mutex> g(summary_mu_);
+  MutexLock g(summary_mu_);
   if (!summary_.failure.empty()) return Internal("{}", summary_.failure);
   return Status::Ok();
 }
 
 void Head::Impl::CollectReports(const Record& r, std::vector<IncarnationReport>* out) const {
   for (const auto& [source, d] : r.dead_reports)
-    out->push_back({source, d, IncarnationReport::Kind::kDead});
+    out->push_back({source, d, IncarnationReport::Kind::kDead, r.role});
   if (r.incarnation == 0) return;  // never registered, or its death is recorded above
   if (!r.final_report.empty())
-    out->push_back({r.source(), r.final_report, IncarnationReport::Kind::kFinal});
+    out->push_back({r.source(), r.final_report, IncarnationReport::Kind::kFinal, r.role});
   else if (!r.stats.empty())  // alive, or ended without its final report
     // A producer that ended without one may have sent more than its last
     // stats say; the learner's and reward actor's counters are cumulative.
     out->push_back({r.source(), r.stats,
                     r.alive() || !r.stats.count("generated") ? IncarnationReport::Kind::kFinal
-                                                             : IncarnationReport::Kind::kDead});
+                                                             : IncarnationReport::Kind::kDead,
+                    r.role});
 }
 
 void Head::Impl::WriteSummary() {
   std::vector<IncarnationReport> reports = retired_reports_;
   for (const auto& [id, r] : actors_) CollectReports(r, &reports);
-  const std::map<std::string, double> acc = SumAccounting(reports);
-  std::lock_guard<std::mutex> g(summary_mu_);
-  summary_.accounting = acc;
+  const Accounting acc = SumAccounting(reports);
+  MutexLock g(summary_mu_);
+  summary_.accounting = acc.terms;
+  summary_.accounting_problems = acc.problems;
   nlohmann::json j;
   j["kind"] = "job_summary";
   j["completed"] = summary_.completed;
   j["stopped"] = summary_.stopped;
   j["failure"] = summary_.failure;
-  j["accounting"] = acc;
+  j["accounting"] = acc.terms;
+  j["accounting_holds"] = acc.holds();
+  j["accounting_problems"] = acc.problems;
   j["learner"] = summary_.learner_summary;
   metrics_ << j.dump() << '\n';
   metrics_.flush();
+  // (The job is over: a summary that cannot be written is printed anyway.)
+  if (!metrics_ && o_.print) o_.print("cannot write the job summary to " + o_.run.metrics());
   if (o_.print) {
     for (auto& line : progress_.SummaryLines(summary_.learner_summary, acc)) o_.print(line);
   }
@@ -884,6 +934,7 @@ std::vector<ActorStatus> Head::Impl::Snapshot() const {
     s.restarts = r.restarts;
     s.last_heartbeat_ns = r.last_heartbeat_ns;
     s.stats = r.stats;
+    for (const auto& [name, address] : r.endpoints) s.endpoints[name] = address;
     out.push_back(std::move(s));
   }
   return out;

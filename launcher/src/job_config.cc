@@ -1,8 +1,10 @@
 #include "troupe/launcher/job_config.h"
 
+#include <filesystem>
 #include <functional>
 #include <sstream>
 
+#include "troupe/engine/hf_tokenizer.h"
 #include "troupe/envs/renderer.h"
 
 // Describe() for the components' config structs. They live in the
@@ -175,6 +177,14 @@ void Describe(config::Binder& b, RewardServiceConfig& c) {
   b.Field("max_attempts", &c.max_attempts, "attempts per sample");
   b.Field("backoff_ms", &c.backoff_ms, "backoff before the 2nd attempt (doubles, jittered)");
   b.Field("max_backoff_ms", &c.max_backoff_ms, "largest backoff");
+  b.Field("breaker_failures", &c.breaker_failures,
+          "circuit breaker: fail samples fast after this many in a row failed for the service's "
+          "own reasons (0: off)");
+  b.Field("breaker_cooldown_ms", &c.breaker_cooldown_ms,
+          "circuit breaker: fail fast this long, then probe with one request");
+  b.Field("on_failure", &c.on_failure,
+          "a sample the service could not score: zero (reward 0, trained) | drop (left out of "
+          "training, counted as dropped_unscored)");
 }
 void Describe(config::Binder& b, RewardClientConfig& c) {
   b.List("services", &c.services, "external reward services");
@@ -229,9 +239,13 @@ void Describe(Binder& b, BatchSpec& c) {
           "groups per rollout message (divides prompts_per_update)");
 }
 void Describe(Binder& b, TokenizerSpec& c) {
-  b.Field("kind", &c.kind, "tokenizer kind: char");
+  b.Field("kind", &c.kind,
+          "char (built-in character tokenizer) | hf (a Hugging Face tokenizer.json)");
   b.Field("alphabet", &c.alphabet,
-          "printable (all built-in tasks) | lowercase (a-z and '=') | a literal string");
+          "kind char: printable (all built-in tasks) | lowercase (a-z and '=') | a literal string");
+  b.Field("path", &c.path,
+          "kind hf: model folder with tokenizer.json (+ tokenizer_config.json) or a tokenizer.json "
+          "file; made absolute when read");
 }
 void Describe(Binder& b, SamplingSpec& c) {
   b.Field("temperature", &c.temperature, "softmax temperature (the learner uses the same)");
@@ -265,6 +279,9 @@ void Describe(Binder& b, CheckpointSpec& c) {
   b.Field("max_unacked_batches", &c.max_unacked_batches,
           "ack = checkpoint: checkpoint early once this many decided batches await their ack "
           "(bounds the senders' outboxes)");
+  b.Field("fault_stall_stage", &c.fault_stall_stage,
+          "fault injection: checkpoint stage (model, optimizer, state, extra, renamed, ...) where "
+          "the learner stalls when <run>/fault-stall-checkpoint exists (empty: off)");
 }
 void Describe(Binder& b, StopSpec& c) {
   b.Field("max_steps", &c.max_steps,
@@ -316,6 +333,54 @@ std::string TokenizerAlphabet(const TokenizerSpec& spec) {
   return spec.alphabet;
 }
 
+Result<std::unique_ptr<engine::Tokenizer>> MakeTokenizer(const TokenizerSpec& spec) {
+  if (spec.kind == "hf") {
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
+                            engine::HfTokenizer::Load(spec.path));
+    return tok;
+  }
+  if (spec.kind != "char")
+    return InvalidArgument("tokenizer.kind must be char or hf, got '{}'", spec.kind);
+  TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Tokenizer> tok,
+                          engine::CharTokenizer::Create(TokenizerAlphabet(spec)));
+  return tok;
+}
+
+namespace {
+
+// Checks the tokenizer section and returns the tokenizer's number of ids (0 when invalid).
+// An hf tokenizer is loaded here, so a bad file stops `troupe run` before anything spawns.
+int64_t CheckTokenizer(Binder& b, TokenizerSpec& t) {
+  if (t.kind == "char") {
+    if (!t.path.empty()) b.Error("tokenizer.path", "is only for kind hf (kind is char)");
+    std::string alphabet = TokenizerAlphabet(t);
+    if (alphabet.empty()) b.Error("tokenizer.alphabet", "is empty");
+    return 3 + static_cast<int64_t>(alphabet.size());
+  }
+  if (t.kind != "hf") {
+    b.Error("tokenizer.kind", "must be char or hf, got '" + t.kind + "'");
+    return 0;
+  }
+  if (t.path.empty()) {
+    b.Error("tokenizer.path", "kind hf needs a model folder or a tokenizer.json");
+    return 0;
+  }
+  std::error_code ec;
+  auto absolute = std::filesystem::absolute(t.path, ec);
+  if (!ec) t.path = absolute.lexically_normal().string();
+  auto tok = engine::HfTokenizer::Load(t.path);
+  if (!tok.ok()) {
+    b.Error("tokenizer.path", tok.status().message());
+    return 0;
+  }
+  if ((*tok)->eos_id() < 0)
+    b.Error("tokenizer.path",
+            (*tok)->origin() + " names no eos_token (tokenizer_config.json): generation needs one");
+  return (*tok)->vocab_size();
+}
+
+}  // namespace
+
 void Describe(Binder& b, JobConfig& c) {
   b.Field("name", &c.name, "job name; run folders are RUNS_DIR/<name>-<time>");
   b.Field("seed", &c.seed, "master seed (prompts, sampling, init); each actor derives its own");
@@ -332,7 +397,7 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("reward", &reward, "reward actors: score rollouts");
   b.Section("echo", &echo, "echo reference actors (tests and demos)");
   b.Section("model", &c.model, "the policy model (Llama-style decoder)");
-  b.Section("tokenizer", &c.tokenizer, "tokenizer of the built-in tasks");
+  b.Section("tokenizer", &c.tokenizer, "the job's tokenizer (character or Hugging Face)");
   // `task:` (one task) or `tasks:` (a list).
   if (b.mode() == Binder::Mode::kRead) {
     if (b.Has("task") && b.Has("tasks")) b.Error("task", "give either `task` or `tasks`, not both");
@@ -365,8 +430,14 @@ void Describe(Binder& b, JobConfig& c) {
   if (b.mode() != Binder::Mode::kRead) return;
 
   // ---- cross-section validation (each component's own rules first)
-  if (c.name.empty() || c.name.find('/') != std::string::npos)
-    b.Error("name", "must be non-empty and contain no '/'");
+  // The name becomes a folder name (<name>-<time>, plus a suffix): keep it
+  // short and free of characters shells and file systems treat specially.
+  if (c.name.empty() || c.name.size() > 100 || c.name[0] == '.' || c.name[0] == '-' ||
+      c.name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+          std::string::npos)
+    b.Error("name",
+            "must be 1-100 characters of letters, digits, '.', '_' and '-', not starting with '.' "
+            "or '-'");
   if (c.learner.count > 1) b.Error("learner.count", "must be 0 or 1 (one learner per job)");
   if (c.learner.count == 0 && c.echo.count == 0)
     b.Error("learner.count", "must be 1: a job needs its learner (0 only for echo test jobs)");
@@ -374,11 +445,7 @@ void Describe(Binder& b, JobConfig& c) {
     b.Error("rollout.count", "a job with a learner needs at least one rollout actor");
   if (c.learner.count == 1 && c.reward.count == 0)
     b.Error("reward.count", "a job with a learner needs at least one reward actor");
-  if (c.tokenizer.kind != "char")
-    b.Error("tokenizer.kind", "must be char, got '" + c.tokenizer.kind + "'");
-  std::string alphabet = TokenizerAlphabet(c.tokenizer);
-  if (alphabet.empty()) b.Error("tokenizer.alphabet", "is empty");
-  int64_t vocab = 3 + static_cast<int64_t>(alphabet.size());
+  int64_t vocab = CheckTokenizer(b, c.tokenizer);
   if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
   if (c.model.vocab_size < vocab) {
     b.Error("model.vocab_size", "is " + std::to_string(c.model.vocab_size) +

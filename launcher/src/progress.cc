@@ -88,8 +88,9 @@ std::map<std::string, double> Progress::Stats() const {
 }
 
 std::vector<std::string> Progress::SummaryLines(const std::map<std::string, double>& l,
-                                                const std::map<std::string, double>& a) const {
+                                                const Accounting& acc) const {
   std::vector<std::string> out;
+  const std::map<std::string, double>& a = acc.terms;
   if (l.empty() && a.empty()) return out;
   std::string prefix = live_ ? "\r\033[K" : "";
   out.push_back(prefix + "summary:");
@@ -111,16 +112,25 @@ std::vector<std::string> Progress::SummaryLines(const std::map<std::string, doub
         Get(l, "elapsed_s", 0), Rate(Get(l, "gen_tokens_per_s")),
         Rate(Get(l, "train_tokens_per_s"))));
   }
-  if (!a.empty()) {
-    double gen = Get(a, "generated", 0), tr = Get(a, "trained", 0), st = Get(a, "dropped_stale", 0),
-           inv = Get(a, "dropped_invalid", 0), inf = Get(a, "in_flight", 0),
-           lost = Get(a, "lost_with_actor", 0);
-    bool ok = std::fabs(gen - (tr + st + inv + inf + lost)) < 0.5;
+  if (!l.empty() && Get(l, "learner_restarts", 0) > 0)
     out.push_back(fmt::format(
-        "  accounting (sequences): generated {} = trained {} + dropped_stale {} + dropped_invalid "
-        "{} + in_flight {}{}  [{}]",
-        gen, tr, st, inv, inf, lost > 0 ? fmt::format(" + lost_with_actor {}", lost) : "",
-        ok ? "holds" : "MISMATCH"));
+        "  learner restarts {}: {:.1f} s from their last checkpoints to resuming (in the wall "
+        "time above)",
+        static_cast<int64_t>(Get(l, "learner_restarts", 0)), Get(l, "restart_lost_s", 0)));
+  if (!a.empty()) {
+    // Every term, zeros included except the two losses (printed when not zero).
+    std::string terms;
+    for (const auto& t : AccountingTerms()) {
+      const double v = Get(a, t.c_str(), 0);
+      if (v == 0 && t.rfind("lost_", 0) == 0) continue;
+      terms += fmt::format("{}{} {}", terms.empty() ? "" : " + ", t, v);
+    }
+    out.push_back(fmt::format("  accounting (sequences): generated {} = {}  [{}]",
+                              Get(a, "generated", 0), terms,
+                              acc.holds()      ? "holds"
+                              : !acc.complete ? "incomplete"
+                                              : "MISMATCH"));
+    for (const auto& p : acc.problems) out.push_back("  accounting: " + p);
   }
   return out;
 }

@@ -3,6 +3,8 @@
 // end-of-job summary. Fed from the learner's metrics. Head thread only.
 #pragma once
 
+#include "accounting.h"
+
 #include <map>
 #include <string>
 #include <vector>
@@ -25,7 +27,7 @@ class Progress {
   std::map<std::string, double> Stats() const;
   // The end-of-job summary.
   std::vector<std::string> SummaryLines(const std::map<std::string, double>& learner,
-                                        const std::map<std::string, double>& accounting) const;
+                                        const Accounting& accounting) const;
 
  private:
   bool live_;

@@ -34,9 +34,10 @@ Result<RunDir> CreateRunDir(const std::string& runs_root, const std::string& job
   fs::create_directories(runs_root, ec);
   if (ec) return IoError("cannot create runs folder '{}': {}", runs_root, ec.message());
   std::string base = job_name + "-" + Timestamp();
-  fs::path dir = fs::absolute(fs::path(runs_root) / base);
-  for (int i = 2; fs::exists(dir); ++i)
-    dir = fs::absolute(fs::path(runs_root) / (base + "-" + std::to_string(i)));
+  fs::path dir = fs::absolute(fs::path(runs_root) / base, ec);
+  if (ec) return IoError("cannot name a run folder under '{}': {}", runs_root, ec.message());
+  for (int i = 2; fs::exists(dir, ec); ++i)
+    dir = fs::absolute(fs::path(runs_root) / (base + "-" + std::to_string(i)), ec);
   for (const char* sub : {"", "logs", "checkpoints", "secrets"}) {
     fs::create_directories(dir / sub, ec);
     if (ec) return IoError("cannot create '{}': {}", (dir / sub).string(), ec.message());
@@ -56,15 +57,19 @@ Result<RunDir> ResolveRunDir(const std::string& runs_root, const std::string& ru
   std::error_code ec;
   if (run.empty()) {
     fs::path latest = fs::path(runs_root) / "latest";
-    if (!fs::exists(latest)) {
+    if (!fs::exists(latest, ec)) {
       return NotFound("no runs yet: '{}' does not exist (start one with `troupe run CONFIG`)",
                       latest.string());
     }
-    return RunDir{fs::canonical(latest, ec).string()};
+    fs::path target = fs::canonical(latest, ec);
+    if (ec)
+      return NotFound("'{}' points at a run folder that is gone: {}", latest.string(),
+                      ec.message());
+    return RunDir{target.string()};
   }
-  if (fs::is_directory(run)) return RunDir{fs::canonical(run, ec).string()};
+  if (fs::is_directory(run, ec)) return RunDir{fs::canonical(run, ec).string()};
   fs::path under = fs::path(runs_root) / run;
-  if (fs::is_directory(under)) return RunDir{fs::canonical(under, ec).string()};
+  if (fs::is_directory(under, ec)) return RunDir{fs::canonical(under, ec).string()};
   return NotFound("unknown run '{}' (not a folder, and not in '{}')", run, runs_root);
 }
 

@@ -8,6 +8,8 @@
 //   troupe scale [RUN] rollout=N [reward=M]               grow or shrink a role while it runs
 //   troupe stop [RUN]                                     graceful stop (learner checkpoints)
 //   troupe config-keys                                    every config key with its doc
+//   troupe tokenize DIR [--decode]                        a model folder's tokenizer on stdin
+//   troupe chat-template DIR CONVERSATION.json [--ids]    a model folder's chat template
 // RUN defaults to the latest run (runs/latest). Errors are one line and exit 1
 // (2 for bad arguments or config).
 #include <signal.h>
@@ -32,7 +34,9 @@
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
 #include "troupe/launcher/subprocess.h"
+#include "chat_template_cmd.h"
 #include "remote_spawner.h"
+#include "tokenize_cmd.h"
 #include "troupe/transport/curve.h"
 #include "troupe/transport/zmq_network.h"
 
@@ -188,7 +192,7 @@ int CmdRun(RunArgs a) {
   if (!a.resume.empty()) {
     auto r = ResolveRunDir(a.runs_dir.empty() ? "runs" : a.runs_dir,
                            a.resume == "latest" ? "" : a.resume);
-    if (!r.ok()) return Fail(r.status().message());
+    if (!r.ok()) return Fail(r.status().message(), 2);
     run = *r;
     job = LoadResolvedConfig(run.config());
     if (job.ok() && !a.sets.empty()) return Fail("--set cannot change a resumed run's config", 2);
@@ -348,7 +352,7 @@ int CmdLogs(const std::string& runs_dir, std::vector<std::string> pos, bool all,
     if (pos.size() == 2) run_arg = pos[0];
   }
   auto run = ResolveRunDir(runs_dir, run_arg);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   struct Tail {
     std::string name, path;
     std::streamoff pos = 0;
@@ -417,7 +421,7 @@ int CmdLogs(const std::string& runs_dir, std::vector<std::string> pos, bool all,
 int CmdStatus(const std::string& runs_dir, std::vector<std::string> pos, bool stats) {
   if (pos.size() > 1) return Fail("status takes at most a RUN argument", 2);
   auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   auto r = SendControl(*run, "status", Deadline::InMs(5000));
   if (!r.ok()) return Fail(r.status().message());
   std::cout << "run " << run->path << "\n" << FormatStatusTable(*r, stats);
@@ -448,7 +452,7 @@ int CmdScale(const std::string& runs_dir, std::vector<std::string> pos) {
   }
   if (specs.empty()) return Fail("scale needs ROLE=COUNT (e.g. rollout=4)", 2);
   auto run = ResolveRunDir(runs_dir, run_arg);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   for (auto& [role, n] : specs) {
     auto r = SendControl(*run, "scale", Deadline::InMs(5000), role, n);
     if (!r.ok()) return Fail(r.status().message());
@@ -460,7 +464,7 @@ int CmdScale(const std::string& runs_dir, std::vector<std::string> pos) {
 int CmdStop(const std::string& runs_dir, std::vector<std::string> pos, int wait_s) {
   if (pos.size() > 1) return Fail("stop takes at most a RUN argument", 2);
   auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
-  if (!run.ok()) return Fail(run.status().message());
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   auto info = ReadHeadInfo(*run);
   auto r = SendControl(*run, "stop", Deadline::InMs(5000));
   if (!r.ok()) return Fail(r.status().message());
@@ -539,20 +543,33 @@ int main(int argc, char** argv) {
   auto* keys =
       app.add_subcommand("config-keys", "list every job config key with its type, default and doc");
 
+  TokenizeArgs tokenize_args;
+  auto* tokenize = AddTokenizeCommand(app, &tokenize_args);
+  ChatTemplateArgs chat_template_args;
+  auto* chat_template = AddChatTemplateCommand(app, &chat_template_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return Fail(std::string(e.what()) + " (troupe --help lists the commands and options)", 2);
   }
-  if (*run) {
-    if (app.get_option("--runs-dir")->count()) ra.runs_dir = runs_dir;
-    return CmdRun(ra);
+  // Commands report expected failures as values; an exception escaping one
+  // is a bug, but the CLI still ends with one line, never an abort.
+  try {
+    if (*run) {
+      if (app.get_option("--runs-dir")->count()) ra.runs_dir = runs_dir;
+      return CmdRun(ra);
+    }
+    if (*status) return CmdStatus(runs_dir, pos, with_stats);
+    if (*logs) return CmdLogs(runs_dir, pos, all, follow);
+    if (*scale) return CmdScale(runs_dir, pos);
+    if (*stop) return CmdStop(runs_dir, pos, wait_s);
+    if (*keys) return CmdConfigKeys();
+    if (*tokenize) return RunTokenize(tokenize_args);
+    if (*chat_template) return RunChatTemplate(chat_template_args);
+  } catch (const std::exception& e) {
+    return Fail(std::string("unexpected error (please report it): ") + e.what(), 1);
   }
-  if (*status) return CmdStatus(runs_dir, pos, with_stats);
-  if (*logs) return CmdLogs(runs_dir, pos, all, follow);
-  if (*scale) return CmdScale(runs_dir, pos);
-  if (*stop) return CmdStop(runs_dir, pos, wait_s);
-  if (*keys) return CmdConfigKeys();
   return 2;
 }

@@ -35,8 +35,8 @@ TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
   ASSERT_EQ(Total(book.Grant()), 48);
   // rollout-0 delivers its 16; rollout-1 delivered 4 of its 16 before leaving;
   // rollout-2 delivered none.
-  book.Received("rollout-0", 16);
-  book.Received("rollout-1", 4);
+  EXPECT_EQ(book.Received("rollout-0", 0, 0, 16), 16);
+  EXPECT_EQ(book.Received("rollout-1", 0, 0, 4), 4);
   book.Consumed(20);
   EXPECT_EQ(book.outstanding("rollout-1"), 12);
   EXPECT_EQ(book.outstanding("rollout-2"), 16);
@@ -75,7 +75,7 @@ TEST(CreditBook, ADrainingActorsReturnedGrantsGoToTheOthersAtOnce) {
   EXPECT_EQ(book.outstanding("rollout-2"), 0);
   EXPECT_EQ(book.granted(), 48 - held);
   // Its started groups arrive and are consumed as usual.
-  book.Received("rollout-1", 4);
+  EXPECT_EQ(book.Received("rollout-1", 0, 0, 4), 4);
   EXPECT_EQ(book.outstanding("rollout-1"), 0);
 }
 
@@ -90,11 +90,35 @@ TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest)
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xb), 8);
   book.Request("rollout-0", 16);
   EXPECT_EQ(Total(book.Grant()), 16);
-  // A late batch of the old process still counts as received and consumed.
-  book.Received("rollout-0", 4);
+  // A late batch of the old process is not the new one's grant: it frees nothing.
+  EXPECT_EQ(book.Received("rollout-0", 0xa, 0, 4), 0);
+  EXPECT_EQ(book.outstanding("rollout-0"), 16);
+  EXPECT_EQ(book.capacity(), 0);
+  // The new process's groups are.
+  EXPECT_EQ(book.Received("rollout-0", 0xb, 0, 4), 4);
   book.Consumed(4);
   EXPECT_EQ(book.outstanding("rollout-0"), 12);
   EXPECT_EQ(book.capacity(), 4);
+}
+
+// A restarted learner has a fresh book; the groups the rollout actors started
+// under the previous learner process's grants still arrive. They are trained
+// (or dropped) but must not widen the window: counting them as consumed let
+// the window run ahead for good, and half of every later update arrived stale.
+TEST(CreditBook, GroupsAnotherLearnerProcessGrantedDoNotWidenTheWindow) {
+  CreditBook book(2, 16, 4, /*self=*/0x1e);
+  book.Request("rollout-0", 100);
+  ASSERT_EQ(Total(book.Grant()), 48);
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
+  // 60 groups granted by the previous learner process (0x1d) arrive.
+  EXPECT_EQ(book.Received("rollout-0", 0xa, 0x1d, 60), 0);
+  EXPECT_EQ(book.outstanding("rollout-0"), 48);
+  EXPECT_EQ(book.capacity(), 0);  // still the window, not beyond
+  EXPECT_EQ(Total(book.Grant()), 0);
+  // This book's own grants are covered as usual.
+  EXPECT_EQ(book.Received("rollout-0", 0xa, 0x1e, 16), 16);
+  book.Consumed(16);
+  EXPECT_EQ(Total(book.Grant()), 16);
 }
 
 TEST(CreditBook, UndoneGrantsAreNotOutstanding) {

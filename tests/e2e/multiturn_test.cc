@@ -13,6 +13,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -89,10 +92,11 @@ TEST(MultiTurnJob, TrainsOnEpisodesWithToolTokensMasked) {
 // A troupe-reward-server on a free port; killed (by pid) when the test ends.
 class RewardServer {
  public:
-  explicit RewardServer(const fs::path& dir) {
+  // `task`: the server's --task (KIND[:NAME[:SCORING]]).
+  explicit RewardServer(const fs::path& dir, const std::string& task = "reverse") {
     out_ = (dir / "reward-server.out").string();
     SpawnOptions o;
-    o.argv = {BuildDir() + "/envs/troupe-reward-server", "--port", "0", "--task", "reverse"};
+    o.argv = {BuildDir() + "/envs/troupe-reward-server", "--port", "0", "--task", task};
     o.output_file = out_;
     auto p = Subprocess::Spawn(o);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -116,6 +120,9 @@ class RewardServer {
       proc_->Wait(Deadline::InMs(10000)).status().IgnoreError();
       proc_.reset();
     }
+  }
+  void Signal(int sig) {
+    if (proc_) proc_->Signal(sig).IgnoreError();
   }
   std::string ServicesOverride() const {
     return "reward_services.services=[{name: verifier, url: \"http://127.0.0.1:" +
@@ -187,6 +194,89 @@ TEST(ExternalRewardJob, ServerKilledMidRunGivesZeroRewardsWithAReasonAndTheJobCo
       reason = true;
   }
   EXPECT_TRUE(reason) << "no failure reason naming the service in the reward actor's log";
+}
+
+// A hung reward service (SIGSTOP: connections open, nothing answers) with
+// on_failure: drop, in a job that mixes a locally verified task with one the
+// service scores. The circuit breaker cuts the service off after a few
+// failures, so samples of the remote task fail at once and are left out of
+// training (dropped_unscored) while the local task keeps the updates coming;
+// when the service answers again (SIGCONT) a probe closes the breaker.
+TEST(ExternalRewardJob, AHungServiceIsCutOffAndDroppedSamplesKeepTrainingGoing) {
+  fs::path dir = TestDir("external-hung");
+  RewardServer server(dir, "reverse:remote");
+  ASSERT_GT(server.port(), 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(server.port()) + "/verify";
+  // The default job with its one task replaced by a local and a remote one.
+  auto base = ReadFile(SourceDir() + "/configs/tiny_reverse.yaml");
+  ASSERT_TRUE(base.ok());
+  std::string yaml = std::regex_replace(*base, std::regex("\ntask:\n(  .*\n)+"),
+                                        "\ntasks:\n  - {name: local, kind: reverse}\n"
+                                        "  - {name: remote, kind: reverse, scoring: external, "
+                                        "service: verifier}\n");
+  ASSERT_NE(yaml, *base);
+  const std::string config = (dir / "mixed.yaml").string();
+  std::ofstream(config) << yaml;
+  Job job(config,
+          Short(120, {"reward_services.services=[{name: verifier, url: \"" + url +
+                          "\", timeout_ms: 1000, max_attempts: 2, breaker_failures: 4, "
+                          "breaker_cooldown_ms: 2000, on_failure: drop}]",
+                      "reward_services.call_timeout_ms=3000", "eval.every_steps=0"}),
+          dir);
+  auto step = [&] {
+    double s = -1;
+    job.WaitStatus(
+        [&](const ControlResult& st) {
+          auto it = st.progress.find("step");
+          s = it == st.progress.end() ? -1 : it->second;
+          return true;
+        },
+        10000);
+    return s;
+  };
+  auto wait_step = [&](double target) {
+    return job.WaitStatus(
+        [&](const ControlResult& st) {
+          auto it = st.progress.find("step");
+          return it != st.progress.end() && it->second >= target;
+        },
+        300000);
+  };
+  ASSERT_TRUE(wait_step(5)) << job.Output();
+  // The same number of updates with the service up, for the log's comparison
+  // (wall clock: printed, never asserted).
+  const double before0 = step();
+  auto tb = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_step(before0 + 30)) << job.Output();
+  const double normal_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tb).count();
+  const double s0 = step();
+  auto t0 = std::chrono::steady_clock::now();
+  server.Signal(SIGSTOP);
+  // Nothing stalls: training goes on through the outage.
+  const bool went_on = wait_step(s0 + 30);
+  const double outage_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  server.Signal(SIGCONT);
+  ASSERT_TRUE(went_on) << "training stalled while the reward service hung\n" << job.Output();
+  std::printf("30 updates: %.1f s with the service up, %.1f s while it hung (%.2fx)\n", normal_s,
+              outage_s, outage_s / std::max(normal_s, 1e-3));
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  auto js = job.Metrics("job_summary");
+  ASSERT_EQ(js.size(), 1u);
+  EXPECT_GT(js[0]["accounting"].value("dropped_unscored", 0.0), 0) << js[0].dump();
+  auto rewards = job.Finals("reward");
+  ASSERT_FALSE(rewards.empty()) << job.Output();
+  const json& r = rewards.back();
+  EXPECT_GE(r.value("reward_service.verifier.breaker_opened", 0.0), 1) << r.dump();
+  // The breaker, not per-sample timeouts, carried the outage.
+  EXPECT_GT(r.value("reward_service.verifier.short_circuited", 0.0),
+            r.value("reward_service.verifier.timeouts", 0.0))
+      << r.dump();
+  // The service scored samples before the outage and again after it.
+  EXPECT_GT(r.value("reward_service.verifier.ok", 0.0), 0) << r.dump();
+  EXPECT_EQ(r.value("reward_service.verifier.http_status", 0.0), 0) << r.dump();
 }
 
 }  // namespace

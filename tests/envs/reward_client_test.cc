@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/eventually.h"
 #include "server_process.h"
 #include "troupe/envs/reward_client.h"
 #include "troupe/envs/scorer.h"
@@ -233,8 +234,101 @@ TEST_F(RewardClientTest, TimeoutsBoundTheCall) {
   EXPECT_LT(seconds, 20.0);
   for (const auto& res : results) {
     EXPECT_EQ(res.reward, 0.0);
-    EXPECT_NE(res.failure.find("time"), std::string::npos) << res.failure;
+    // Timed out, or failed at once once the circuit breaker opened.
+    EXPECT_TRUE(res.failure.find("time") != std::string::npos ||
+                res.failure.find("circuit open") != std::string::npos)
+        << res.failure;
   }
+}
+
+// The attempt limit was cut to what was left of the sample's time: the
+// reason says so instead of a bare "timeout after 878 ms" next to a 2000 ms
+// timeout_ms.
+TEST_F(RewardClientTest, TimeoutReasonNamesTheLimitThatEndedTheAttempt) {
+  RewardClientConfig c;
+  RewardServiceConfig slow = Service("slow", "/slow/30/verify?case=cut");
+  slow.timeout_ms = 2000;
+  slow.max_attempts = 1;
+  c.services = {slow};
+  c.call_timeout_ms = 400;
+  auto client = Client(c);
+  VerifyResult r = client->Verify(Sample("slow"));
+  EXPECT_NE(r.failure.find("cut to the time left"), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("timeout_ms 2000"), std::string::npos) << r.failure;
+  c.call_timeout_ms = 5000;
+  c.services[0].timeout_ms = 300;
+  auto own = Client(c);
+  VerifyResult o = own->Verify(Sample("slow"));
+  EXPECT_NE(o.failure.find("no answer within timeout_ms 300 ms"), std::string::npos) << o.failure;
+}
+
+// After breaker_failures samples in a row failed, samples fail at once
+// without a request; after the cooldown one probe goes out; a failed probe
+// opens the breaker again, a good one closes it.
+TEST_F(RewardClientTest, CircuitBreakerFailsFastAfterRepeatedFailuresAndProbes) {
+  RewardClientConfig c;
+  // 503 for the first 4 requests of this key, then ok.
+  RewardServiceConfig s = Service("flaky", "/flaky/4/verify?case=breaker");
+  s.max_attempts = 1;
+  s.breaker_failures = 3;
+  s.breaker_cooldown_ms = 200;
+  c.services = {s};
+  auto client = Client(c);
+  const std::string path = "/flaky/4/verify?case=breaker";
+  const int64_t before = server_->Count(path);
+  const auto sample = Sample("flaky", "cba", R"({"key": "breaker-test"})");
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(client->Verify(sample).ok());
+  EXPECT_EQ(server_->Count(path) - before, 3);
+  // Open: no request reaches the service.
+  for (int i = 0; i < 20; ++i) {
+    VerifyResult r = client->Verify(sample);
+    EXPECT_NE(r.failure.find("circuit open"), std::string::npos) << r.failure;
+  }
+  EXPECT_EQ(server_->Count(path) - before, 3);
+  RewardServiceStats st = StatsOf(*client, "flaky");
+  EXPECT_EQ(st.short_circuited, 20u);
+  EXPECT_EQ(st.breaker_opened, 1u);
+  // The cooldown passes: one probe (the 4th request, still 503) reopens it.
+  ASSERT_TRUE(troupe::testing::Eventually(
+      [&] {
+        (void)client->Verify(sample);
+        return server_->Count(path) - before == 4;
+      },
+      10000));
+  EXPECT_NE(client->Verify(sample).failure.find("circuit open"), std::string::npos);
+  // Next probe succeeds (5th request): closed, samples flow again.
+  ASSERT_TRUE(troupe::testing::Eventually([&] { return client->Verify(sample).ok(); }, 10000));
+  EXPECT_EQ(server_->Count(path) - before, 5);
+  EXPECT_TRUE(client->Verify(sample).ok());
+  EXPECT_EQ(server_->Count(path) - before, 6);
+}
+
+// on_failure: drop marks what the service could not score as unscored (left
+// out of training); zero (the default) keeps it as a 0 reward. Verdicts are
+// never unscored, and a wrong request (4xx) does not open the breaker.
+TEST_F(RewardClientTest, OnFailureDropMarksUnscoredSamples) {
+  RewardClientConfig c;
+  RewardServiceConfig down = Service("down", "/status/503/verify?case=drop");
+  down.max_attempts = 1;
+  down.on_failure = "drop";
+  RewardServiceConfig bad = Service("bad", "/status/400/verify?case=drop");
+  bad.max_attempts = 1;
+  bad.breaker_failures = 2;
+  RewardServiceConfig good = Service("good", "/verify?case=drop");
+  good.on_failure = "drop";
+  c.services = {down, bad, good};
+  auto client = Client(c);
+  VerifyResult d = client->Verify(Sample("down"));
+  EXPECT_TRUE(d.unscored) << d.failure;
+  VerifyResult z = client->Verify(Sample("bad"));
+  EXPECT_FALSE(z.unscored);
+  EXPECT_EQ(z.reward, 0.0);
+  VerifyResult v = client->Verify(Sample("good", "xyz"));  // a wrong answer: scored 0
+  EXPECT_TRUE(v.ok());
+  EXPECT_FALSE(v.unscored);
+  for (int i = 0; i < 5; ++i) (void)client->Verify(Sample("bad"));
+  EXPECT_EQ(StatsOf(*client, "bad").breaker_opened, 0u);
+  EXPECT_EQ(StatsOf(*client, "bad").short_circuited, 0u);
 }
 
 TEST_F(RewardClientTest, ManyCallsRunInParallel) {

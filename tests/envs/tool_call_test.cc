@@ -1,6 +1,7 @@
 // The tool-call parser and the typed argument readers.
 #include <gtest/gtest.h>
 
+#include "troupe/envs/environment.h"
 #include "troupe/envs/tool_call.h"
 
 namespace troupe::envs {
@@ -107,6 +108,97 @@ TEST(ToolArgs, TypesRangesAndUnknownKeys) {
     EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().message();
   }
   EXPECT_FALSE(CheckArgKeys(json::array(), {}).ok());
+}
+
+}  // namespace
+}  // namespace troupe::envs
+
+namespace troupe::envs {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(ToolCallFormats, HermesCallsParseAndFormatAsQwenWritesThem) {
+  const auto kH = ToolCallFormat::kHermes;
+  EXPECT_EQ(FormatToolCall("read", {{"path", "w.txt"}, {"n", 1.5}}, kH),
+            "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"n\": 1.5, \"path\": \"w.txt\"}}\n</tool_call>");
+  ParsedTurn t = ParseToolCall("thinking...\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>", kH);
+  ASSERT_EQ(t.kind, ParsedTurn::Kind::kCall) << t.error;
+  EXPECT_EQ(t.call.name, "read");
+  EXPECT_EQ(t.call.args, (json{{"path", "a"}}));
+  EXPECT_EQ(t.begin, 12u);
+  // Arguments as JSON text (Qwen's template writes a string through), "parameters", none.
+  t = ParseToolCall("<tool_call>{\"name\": \"read\", \"arguments\": \"{\\\"path\\\": \\\"b\\\"}\"}</tool_call>", kH);
+  ASSERT_EQ(t.kind, ParsedTurn::Kind::kCall) << t.error;
+  EXPECT_EQ(t.call.args, (json{{"path", "b"}}));
+  t = ParseToolCall("<tool_call>{\"name\": \"submit\"}</tool_call>", kH);
+  ASSERT_EQ(t.kind, ParsedTurn::Kind::kCall) << t.error;
+  EXPECT_TRUE(t.call.args.empty());
+  EXPECT_EQ(ParseToolCall("no call here", kH).kind, ParsedTurn::Kind::kNoCall);
+  EXPECT_EQ(ParseToolCall("<tool>read</tool>", kH).kind, ParsedTurn::Kind::kNoCall);
+
+  struct Bad {
+    std::string text, want;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"<tool_call>{\"name\": \"read\"}", "missing </tool_call>"},
+           {"<tool_call>read</tool_call>", "expected a JSON object after <tool_call>"},
+           {"</tool_call>", "incomplete tool_call tag"},
+           {"<tool_call>{\"arguments\": {}}</tool_call>", "no \"name\" string"},
+           {"<tool_call>{\"name\": 7}</tool_call>", "no \"name\" string"},
+           {"<tool_call>{\"name\": \"\"}</tool_call>", "1-64 printable ASCII"},
+           {"<tool_call>{\"name\": \"a b\"}</tool_call>", "1-64 printable ASCII"},
+           {"<tool_call>{\"name\": \"r\", \"arguments\": [1]}</tool_call>", "must be a JSON object, got array"},
+           {"<tool_call>{\"name\": \"r\", \"arguments\": \"{oops\"}</tool_call>", "a string that is not a JSON object"},
+           {"<tool_call>{\"name\": \"r\", \"args\": {}}</tool_call>", "unexpected key \"args\""},
+           {"<tool_call>{\"name\": \"r\", \"arguments\": {}, \"parameters\": {}}</tool_call>", "both arguments and parameters"},
+           {"<tool_call>{\"name\": \"r\", \"arguments\": {\"a\": \"unterminated}}</tool_call>", "end inside a string"},
+           {"<tool_call>" + std::string(40, '[') + "</tool_call>", "expected a JSON object"},
+           {"<tool_call>{" + std::string(40, '[') + "</tool_call>", "deeper than 32 levels"},
+       }) {
+    ParsedTurn p = ParseToolCall(b.text, kH);
+    EXPECT_EQ(p.kind, ParsedTurn::Kind::kMalformed) << b.text;
+    EXPECT_NE(p.error.find(b.want), std::string::npos) << b.text << " -> " << p.error;
+  }
+}
+
+TEST(ToolCallFormats, Llama3JsonCallsAreTheWholeReply) {
+  const auto kL = ToolCallFormat::kLlama3Json;
+  EXPECT_EQ(FormatToolCall("guess", {{"word", "crane"}}, kL),
+            "{\"name\": \"guess\", \"parameters\": {\"word\": \"crane\"}}");
+  for (const char* text : {"{\"name\": \"guess\", \"parameters\": {\"word\": \"crane\"}}",
+                           "  <|python_tag|>{\"name\": \"guess\", \"arguments\": {\"word\": \"crane\"}}\n"}) {
+    ParsedTurn t = ParseToolCall(text, kL);
+    ASSERT_EQ(t.kind, ParsedTurn::Kind::kCall) << text << " " << t.error;
+    EXPECT_EQ(t.call.canonical, "guess {\"word\":\"crane\"}");
+  }
+  EXPECT_EQ(ParseToolCall("The answer is 4.", kL).kind, ParsedTurn::Kind::kNoCall);
+  ParsedTurn t = ParseToolCall("Sure: {\"name\": \"guess\", \"parameters\": {}}", kL);
+  EXPECT_EQ(t.kind, ParsedTurn::Kind::kMalformed);
+  EXPECT_NE(t.error.find("must be the whole reply"), std::string::npos) << t.error;
+  t = ParseToolCall("{\"name\": \"guess\", \"parameters\": {}} and more", kL);
+  EXPECT_NE(t.error.find("text after the call to 'guess'"), std::string::npos) << t.error;
+  t = ParseToolCall("{\"name\": \"guess\", \"parameters\": 3}", kL);
+  EXPECT_NE(t.error.find("must be a JSON object, got number"), std::string::npos) << t.error;
+}
+
+TEST(ToolCallFormats, TroupeSyntaxIsRewrittenIntoTheTemplatesFormat) {
+  std::string instructions = ToolInstructions({{"read", "{\"path\": string}", "reads a file"}}) +
+                             "Submit with <tool>submit {\"answer\": \"...\"}</tool> when done. <tool>x";
+  std::string hermes = RewriteToolCalls(instructions, ToolCallFormat::kHermes);
+  EXPECT_NE(hermes.find("writing " + ToolCallSyntax(ToolCallFormat::kHermes) + ". Tools:"), std::string::npos)
+      << hermes;
+  EXPECT_NE(hermes.find("<tool_call>\n{\"name\": \"submit\", \"arguments\": {\"answer\": \"...\"}}\n</tool_call> when done."),
+            std::string::npos)
+      << hermes;
+  EXPECT_NE(hermes.find("<tool>x"), std::string::npos) << "text that is no call stays";
+  EXPECT_EQ(RewriteToolCalls(instructions, ToolCallFormat::kTroupe), instructions);
+  EXPECT_EQ(RewriteToolCalls("<tool>read {\"path\": \"a\"}</tool>", ToolCallFormat::kLlama3Json),
+            "{\"name\": \"read\", \"parameters\": {\"path\": \"a\"}}");
+  Result<ToolCallFormat> f = ParseToolCallFormat("hermes");
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(*f, ToolCallFormat::kHermes);
+  EXPECT_FALSE(ParseToolCallFormat("xml").ok());
 }
 
 }  // namespace

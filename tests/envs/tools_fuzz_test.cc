@@ -139,7 +139,8 @@ class Gen {
     return o;
   }
   // One assistant turn: mostly well-formed calls with junk arguments.
-  std::string Turn() {
+  std::string Turn(ToolCallFormat format = ToolCallFormat::kTroupe) {
+    if (format != ToolCallFormat::kTroupe) return JsonTurn(format);
     size_t k = Below(10);
     if (k == 0) return Bytes(200);
     if (k == 1) return "<tool>" + Name() + " " + Bytes(60) + (Chance(0.5) ? "</tool>" : "");
@@ -147,6 +148,34 @@ class Gen {
     std::string text = Chance(0.2) ? Bytes(20) : "";
     std::string name = Name();
     return text + FormatToolCall(name, Args(name)) + (Chance(0.2) ? Bytes(20) : "");
+  }
+  // A turn in the Hermes or Llama 3 JSON format: junk arguments, broken JSON,
+  // wrong keys and types, missing tags, truncations and random bytes.
+  std::string JsonTurn(ToolCallFormat format) {
+    bool hermes = format == ToolCallFormat::kHermes;
+    std::string open = hermes ? "<tool_call>\n" : (Chance(0.2) ? "<|python_tag|>" : "");
+    std::string close = hermes ? "\n</tool_call>" : "";
+    std::string name = Name();
+    switch (Below(12)) {
+      case 0: return Bytes(200);
+      case 1: return open + Bytes(80) + close;
+      case 2: return open + std::string(Below(100), '{') + close;
+      case 3: return open + "{\"name\": \"" + name + "\", \"arguments\": " + Bytes(40) + "}" + close;
+      case 4: return open + SafeDump(json{{"name", name}, {"arguments", Value()}}) + close;  // wrong type
+      case 5: return open + SafeDump(json{{"name", Value()}, {"arguments", Args(name)}}) + close;
+      case 6:
+        return open + SafeDump(json{{"name", name}, {"arguments", SafeDump(Args(name)) + (Chance(0.5) ? "}" : "")}}) + close;
+      case 7: return open + SafeDump(json{{"name", name}, {Key(), Args(name)}}) + close;
+      case 8: {  // truncated anywhere
+        std::string t = FormatToolCall(name, Args(name), format);
+        return t.substr(0, Below(t.size() + 1));
+      }
+      default: {
+        std::string lead = Chance(0.2) ? Bytes(20) : "";
+        std::string tail = Chance(0.2) ? Bytes(20) : "";
+        return lead + FormatToolCall(name, Args(name), format) + tail;
+      }
+    }
   }
 
  private:
@@ -185,6 +214,8 @@ TEST_F(ToolsFuzz, RandomTurnsThroughEpisodes) {
   cfg.max_turns = 40;
   cfg.max_tool_output_chars = 200;
   int64_t calls = 0;
+  for (ToolCallFormat format :
+       {ToolCallFormat::kTroupe, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
   for (const char* kind : {"file_reverse", "file_sort", "wordle"}) {
     TaskConfig c;
     c.name = kind;
@@ -196,10 +227,10 @@ TEST_F(ToolsFuzz, RandomTurnsThroughEpisodes) {
     auto task = MakeTask(c);
     ASSERT_TRUE(task.ok()) << task.status().ToString();
     for (int e = 0; e < 30; ++e) {
-      auto ep = Episode::Start(**task, (*task)->GetPrompt(Split::kTrain, e), cfg);
+      auto ep = Episode::Start(**task, (*task)->GetPrompt(Split::kTrain, e), cfg, format);
       ASSERT_TRUE(ep.ok()) << ep.status().ToString();
       while (!(*ep)->done()) {
-        std::string turn = gen.Turn();
+        std::string turn = gen.Turn(format);
         std::optional<std::string> out = (*ep)->OnAssistantTurn(turn);
         ++calls;
         if (out) {
@@ -311,6 +342,43 @@ TEST(ToolCallFuzz, ParserSurvivesRandomText) {
   }
   EXPECT_GT(calls, 1000);
   EXPECT_GT(malformed, 1000);
+}
+
+TEST(ToolCallFuzz, RealFormatsSurviveJunk) {
+  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json}) {
+    Gen gen(Seed() + 3 + static_cast<uint64_t>(format));
+    int64_t calls = 0, malformed = 0, none = 0;
+    for (int i = 0; i < 20000; ++i) {
+      std::string text = gen.JsonTurn(format);
+      ParsedTurn t = ParseToolCall(text, format);
+      if (t.kind == ParsedTurn::Kind::kCall) {
+        ++calls;
+        ASSERT_TRUE(t.call.args.is_object());
+        ASSERT_FALSE(t.call.name.empty());
+        ASSERT_LE(t.end, text.size());
+        ASSERT_LT(t.call.canonical.size(), kMaxToolArgsBytes + 100);
+        // Formatting is stable: what we write parses back to a call that is written the same
+        // way (numbers go through the templates' JavaScript printing, so integers past 2^53
+        // round once, as in Hugging Face's renderer).
+        std::string written = FormatToolCall(t.call.name, t.call.args, format);
+        ParsedTurn again = ParseToolCall(written, format);
+        ASSERT_EQ(again.kind, ParsedTurn::Kind::kCall) << text;
+        ASSERT_EQ(again.call.name, t.call.name) << text;
+        ASSERT_EQ(FormatToolCall(again.call.name, again.call.args, format), written) << text;
+      } else if (t.kind == ParsedTurn::Kind::kMalformed) {
+        ++malformed;
+        ASSERT_FALSE(t.error.empty());
+        ASSERT_LT(t.error.size(), 400u) << "errors stay short enough to show the model";
+      } else {
+        ++none;
+      }
+    }
+    std::printf("%s: %lld calls, %lld malformed, %lld without a call\n", ToolCallFormatName(format),
+                static_cast<long long>(calls), static_cast<long long>(malformed),
+                static_cast<long long>(none));
+    EXPECT_GT(calls, 2000);
+    EXPECT_GT(malformed, 3000);
+  }
 }
 
 }  // namespace

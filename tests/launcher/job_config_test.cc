@@ -104,5 +104,84 @@ TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {
   EXPECT_TRUE(LoadJobConfig(local.path(), {}).ok());
 }
 
+// A tiny SentencePiece-style tokenizer.json (+ tokenizer_config.json) in a temp folder.
+class TokenizerFolder {
+ public:
+  explicit TokenizerFolder(bool with_eos)
+      : dir_(fs::path(::testing::TempDir()) / ("hf-tok-" + std::to_string(::getpid()))) {
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "tokenizer.json") << R"({
+      "version": "1.0", "truncation": null, "padding": null,
+      "added_tokens": [
+        {"id": 1, "content": "<s>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false},
+        {"id": 2, "content": "</s>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false}],
+      "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+      "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true,
+                "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4, "ab": 5}, "merges": ["a b"]}})";
+    std::ofstream(dir_ / "tokenizer_config.json")
+        << (with_eos ? R"({"bos_token": "<s>", "eos_token": "</s>"})" : R"({"bos_token": "<s>"})");
+  }
+  ~TokenizerFolder() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  TokenizerFolder(const TokenizerFolder&) = delete;
+  TokenizerFolder& operator=(const TokenizerFolder&) = delete;
+  const fs::path& dir() const { return dir_; }
+
+ private:
+  fs::path dir_;
+};
+
+TEST(JobConfig, HfTokenizerIsSelectedAndValidated) {
+  ConfigFile job("hf", "name: h\n");
+  TokenizerFolder folder(/*with_eos=*/true);
+  auto c =
+      LoadJobConfig(job.path(), {"tokenizer.kind=hf", "tokenizer.path=" + folder.dir().string()});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model.vocab_size, 6);  // the model follows the tokenizer's size
+  auto tok = MakeTokenizer(c->tokenizer);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ((*tok)->eos_id(), 2);
+  EXPECT_EQ(*(*tok)->Encode("ab</s>b"), (std::vector<int32_t>{5, 2, 4}));
+  // A relative path is made absolute (actors may run elsewhere).
+  std::string relative = fs::relative(folder.dir() / "tokenizer.json", fs::current_path()).string();
+  auto r = LoadJobConfig(job.path(), {"tokenizer.kind=hf", "tokenizer.path=" + relative});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(fs::path(r->tokenizer.path), (folder.dir() / "tokenizer.json").lexically_normal());
+  // The resolved config keeps it.
+  ConfigFile resolved("hf-resolved", ResolvedConfigYaml(*r));
+  auto again = LoadResolvedConfig(resolved.path());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->tokenizer.path, r->tokenizer.path);
+  // The default stays the character tokenizer.
+  auto plain = LoadJobConfig(job.path(), {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->tokenizer.kind, "char");
+  EXPECT_EQ((*MakeTokenizer(plain->tokenizer))->vocab_size(), plain->model.vocab_size);
+}
+
+TEST(JobConfig, BadTokenizerSettingsNameTheKey) {
+  ConfigFile job("hfbad", "name: h\n");
+  TokenizerFolder no_eos(/*with_eos=*/false);
+  struct Case {
+    std::vector<std::string> sets;
+    std::string want;
+  };
+  for (const Case& k : std::vector<Case>{
+           {{"tokenizer.kind=hf"}, "key 'tokenizer.path': kind hf needs a model folder"},
+           {{"tokenizer.kind=hf", "tokenizer.path=/nonexistent/m"},
+            "key 'tokenizer.path': no tokenizer.json at /nonexistent/m"},
+           {{"tokenizer.kind=bpe"}, "key 'tokenizer.kind': must be char or hf, got 'bpe'"},
+           {{"tokenizer.path=/x"}, "key 'tokenizer.path': is only for kind hf"},
+           {{"tokenizer.kind=hf", "tokenizer.path=" + no_eos.dir().string()}, "names no eos_token"},
+           {{"tokenizer.kind=hf", "tokenizer.path=" + no_eos.dir().string(), "model.vocab_size=4"},
+            "model.vocab_size"}}) {
+    auto c = LoadJobConfig(job.path(), k.sets);
+    ASSERT_FALSE(c.ok()) << k.want;
+    EXPECT_NE(c.status().message().find(k.want), std::string::npos) << c.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace troupe::launcher

@@ -357,13 +357,16 @@ class Job {
   RunDir run_;
 };
 
-// generated = trained + dropped_stale + dropped_invalid + in_flight + lost_with_actor.
+// generated = trained + skipped + dropped_* + in_flight + lost_*, and the head's checks pass.
 void ExpectAccounting(const json& summary) {
   ASSERT_TRUE(summary.contains("accounting")) << summary.dump();
   auto a = summary["accounting"];
   auto get = [&](const char* k) { return a.contains(k) ? a[k].get<double>() : 0.0; };
-  double rhs = get("trained") + get("dropped_stale") + get("dropped_invalid") + get("in_flight") +
-               get("lost_with_actor");
+  double rhs = 0;
+  for (const char* t : {"trained", "skipped", "dropped_stale", "dropped_invalid",
+                        "dropped_unscored", "in_flight", "lost_with_actor", "lost_with_learner"})
+    rhs += get(t);
+  EXPECT_TRUE(summary.value("accounting_holds", false)) << summary.dump();
   EXPECT_GT(get("generated"), 0) << a.dump();
   EXPECT_GT(get("trained"), 0) << a.dump();
   EXPECT_NEAR(get("generated"), rhs, 0.5) << "accounting invariant broken: " << a.dump();

@@ -244,7 +244,8 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreClearErrors) {
 int CrashChild(const std::string& root, const std::string& stage, int fd) {
   at::set_num_threads(1);
   auto l = Make(ResumeConfig(), 1);
-  if (!l->SupervisedStep(Demos()).ok() || !l->SaveCheckpoint(root).ok()) return 2;
+  if (!l->SupervisedStep(Demos()).ok() || !l->SaveCheckpoint(root, {}, {{"sidecar", "1"}}).ok())
+    return 2;
   if (!l->SupervisedStep(Demos()).ok()) return 2;
   CheckpointHooks hooks;
   hooks.on_stage = [&](std::string_view s) {
@@ -252,7 +253,7 @@ int CrashChild(const std::string& root, const std::string& stage, int fd) {
     if (::write(fd, "K", 1) != 1) std::_Exit(4);
     for (;;) ::pause();  // the parent SIGKILLs us here
   };
-  auto r = l->SaveCheckpoint(root, hooks);
+  auto r = l->SaveCheckpoint(root, hooks, {{"sidecar", "2"}});
   return r.ok() ? 3 : 5;  // reaching here means the stage never came
 }
 
@@ -304,6 +305,12 @@ TEST_P(CrashDuringSave, PreviousCheckpointStaysLoadable) {
   ASSERT_TRUE(st.ok()) << stage << ": " << st.ToString();
   const uint64_t expected_version = stage == std::string("latest") ? 2 : 1;
   EXPECT_EQ(l->version(), expected_version) << stage;
+  // Extra files travel with their checkpoint: never a newer one's with an older model.
+  auto resolved = ResolveCheckpoint(dir.path());
+  ASSERT_TRUE(resolved.ok()) << resolved.status().ToString();
+  auto sidecar = ReadFile(*resolved + "/sidecar");
+  ASSERT_TRUE(sidecar.ok()) << sidecar.status().ToString();
+  EXPECT_EQ(*sidecar, std::to_string(expected_version)) << stage;
   // Same weights as a process that made the same updates.
   auto twin = Make(ResumeConfig(), 1);
   for (uint64_t i = 0; i < expected_version; ++i) ASSERT_TRUE(twin->SupervisedStep(Demos()).ok());
@@ -320,7 +327,7 @@ TEST_P(CrashDuringSave, PreviousCheckpointStaysLoadable) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, CrashDuringSave,
                          ::testing::Values("model", "reference", "optimizer", "rng", "state",
-                                           "synced", "renamed", "latest"));
+                                           "extra", "synced", "renamed", "latest"));
 
 }  // namespace
 }  // namespace troupe::trainer

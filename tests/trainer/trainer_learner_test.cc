@@ -371,22 +371,25 @@ TEST(Learner, AccountingIsExactUnderMixedTraffic) {
   LearnerCounters k = l->counters();
   EXPECT_EQ(k.offered_batches, generated + duplicates);
   EXPECT_EQ(k.duplicate_batches, duplicates);
-  EXPECT_EQ(generated, k.trained_batches + k.dropped_stale_batches + k.dropped_invalid_batches +
-                           k.queued_batches);
-  EXPECT_EQ(k.accepted_batches, k.trained_batches + k.queued_batches +
+  EXPECT_EQ(generated, k.trained_batches + k.skipped_batches + k.dropped_stale_batches +
+                           k.dropped_invalid_batches + k.queued_batches);
+  EXPECT_EQ(k.accepted_batches, k.trained_batches + k.skipped_batches + k.queued_batches +
                                     (k.dropped_stale_batches -
                                      (generated - k.accepted_batches - k.dropped_invalid_batches)));
   EXPECT_EQ(k.updates, l->version());
   // Every accepted batch whose fate was decided is reported exactly once.
-  uint64_t trained = 0, dropped = 0;
+  uint64_t trained = 0, skipped = 0, dropped = 0;
   std::set<std::string> ids;
   for (const FinishedBatch& f : l->TakeFinishedBatches()) {
     EXPECT_TRUE(ids.insert(f.batch_id).second) << f.batch_id;
-    (f.trained ? trained : dropped) += 1;
-    EXPECT_EQ(f.reason.empty(), f.trained);
+    const bool t = f.fate == BatchFate::kTrained;
+    (t ? trained : f.fate == BatchFate::kSkipped ? skipped : dropped) += 1;
+    EXPECT_EQ(f.reason.empty(), t);
+    EXPECT_EQ(f.sequences, 2);
   }
   EXPECT_EQ(trained, k.trained_batches);
-  EXPECT_EQ(trained + dropped + k.queued_batches, k.accepted_batches);
+  EXPECT_EQ(skipped, k.skipped_batches);
+  EXPECT_EQ(trained + skipped + dropped + k.queued_batches, k.accepted_batches);
   EXPECT_TRUE(l->TakeFinishedBatches().empty());
   EXPECT_GT(k.trained_batches, 0u);
   EXPECT_GT(k.dropped_stale_batches, 0u);
@@ -486,6 +489,29 @@ TEST(Learner, MaskedDemonstrationsTrainOnlyTheModelsTokens) {
   EXPECT_THAT(l->SupervisedStep(none).status().message(), HasSubstr("nothing to train on"));
 }
 
+// Samples left out before training (their reward could not be computed)
+// take their tokens with them; the groups keep the members that remain.
+TEST(TrainBatch, RemoveSequencesKeepsTheRestAndTheirGroups) {
+  TrainBatch b;
+  b.batch_id = "r";
+  b.group_size = 2;
+  b.AddSequence({1, 5}, {9, 10}, {-0.1f, -0.2f}, {1, 1}, 1.0f);
+  b.AddSequence({1, 6}, {11}, {-0.3f}, {1}, 0.0f);
+  b.AddSequence({1, 7}, {12, 13, 14}, {-0.4f, -0.5f, -0.6f}, {1, 0, 1}, 1.0f);
+  b.AddSequence({1, 8}, {15}, {-0.7f}, {1}, 0.0f);
+  EXPECT_EQ(b.RemoveSequences({0, 1, 0}), 0) << "a drop list of the wrong size changes nothing";
+  EXPECT_EQ(b.RemoveSequences({0, 0, 0, 0}), 0);
+  ASSERT_EQ(b.RemoveSequences({0, 1, 0, 0}), 1);
+  EXPECT_EQ(b.num_sequences(), 3);
+  EXPECT_EQ(b.prompt_tokens, (std::vector<int32_t>{1, 5, 1, 7, 1, 8}));
+  EXPECT_EQ(b.response_tokens, (std::vector<int32_t>{9, 10, 12, 13, 14, 15}));
+  EXPECT_EQ(b.response_offsets, (std::vector<int64_t>{0, 2, 5, 6}));
+  EXPECT_EQ(b.loss_mask, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1}));
+  EXPECT_EQ(b.behaviour_logprobs[2], -0.4f);
+  EXPECT_EQ(b.rewards, (std::vector<float>{1.0f, 1.0f, 0.0f}));
+  EXPECT_EQ(b.group_index, (std::vector<uint32_t>{0, 1, 1}));
+}
+
 TEST(Learner, UniformGroupsAreCountedAndSkipped) {
   auto l = MakeLearner(TestConfig());
   // Group 0 informative, group 1 all rewards equal.
@@ -509,8 +535,17 @@ TEST(Learner, UniformGroupsAreCountedAndSkipped) {
   ASSERT_TRUE(m2.ok());
   EXPECT_EQ(m2->tokens, 0);
   EXPECT_EQ(l->version(), 1u);
-  EXPECT_EQ(l->counters().trained_batches, 2u);
-  EXPECT_EQ(l->counters().uniform_groups, 2u);
+  // The second batch is skipped, not trained: no optimizer step used it.
+  EXPECT_EQ(l->counters().trained_batches, 1u);
+  EXPECT_EQ(l->counters().trained_sequences, 4u);
+  EXPECT_EQ(l->counters().skipped_batches, 1u);
+  EXPECT_EQ(l->counters().skipped_sequences, 2u);
+  EXPECT_EQ(l->counters().uniform_groups, 1u);
+  auto fin = l->TakeFinishedBatches();
+  ASSERT_EQ(fin.size(), 2u);
+  EXPECT_EQ(fin[0].fate, BatchFate::kTrained);
+  EXPECT_EQ(fin[1].fate, BatchFate::kSkipped);
+  EXPECT_TRUE(fin[1].accepted());
 }
 
 TEST(Learner, EnvironmentTokensAreNeverTrained) {

@@ -319,6 +319,64 @@ TEST(Reliable, ReceiverRestartLosesNothingAndNeverDuplicatesWithinALifetime) {
   EXPECT_GE(sender.stats().receiver_restarts + sender.stats().retransmits, 1u);
 }
 
+// A sender that restarts reuses its actor id, so the receiver's ROUTER hands
+// the routing id to the new process: acks the receiver still owes the old
+// process (for the old stream's seqs, with the old stream's processedThrough)
+// reach the new one. Taking them resolved the new process's messages with the
+// same seqs as accepted before the receiver had seen them (chaos test: four
+// batches answered that no learner ever decided).
+TEST(Reliable, AcksForAPreviousIncarnationOfTheSenderAreIgnored) {
+  MemoryFabric fabric;
+  auto sn = fabric.NewNetwork({"learner", 0});
+  auto server = sn->Bind(SocketKind::kServer, "mem://learner");
+  ASSERT_TRUE(server.ok());
+  ReliableReceiver r(server->get());
+  std::vector<Delivery> old_deliveries;
+  {
+    auto old_net = fabric.NewNetwork({"reward", 0});
+    ReliableSender old_sender(old_net.get(), FastOptions());
+    ASSERT_TRUE(old_sender.ConnectPeer("learner", "mem://learner").ok());
+    for (int i = 0; i < 10; ++i)
+      ASSERT_TRUE(old_sender.Send(MakeEcho(std::to_string(i)), Deadline::InMs(5000)).ok());
+    for (int i = 0; i < 10; ++i) {
+      auto d = r.Recv(Deadline::InMs(10000));
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      old_deliveries.push_back(std::move(d).value());
+    }
+    fabric.Crash("reward");
+  }
+  auto new_net = fabric.NewNetwork({"reward", 0});
+  ReliableSender sender(new_net.get(), FastOptions());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> accepted;
+  sender.SetOutcomeCallback([&](const DeliveryOutcome& o) {
+    std::lock_guard<std::mutex> g(mu);
+    if (o.accepted)
+      accepted.push_back(std::stoi(std::string(o.message.reader().getBody().getEcho().getText())));
+    cv.notify_all();
+  });
+  ASSERT_TRUE(sender.ConnectPeer("learner", "mem://learner").ok());
+  for (int i = 100; i < 105; ++i)
+    ASSERT_TRUE(sender.Send(MakeEcho(std::to_string(i)), Deadline::InMs(5000)).ok());
+  std::vector<Delivery> fresh;
+  for (int i = 0; i < 5; ++i) {
+    auto d = r.Recv(Deadline::InMs(10000));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    fresh.push_back(std::move(d).value());
+  }
+  // The receiver acknowledges the old process's ten messages (its routing id
+  // now reaches the new process), then one message of the new one.
+  for (const auto& d : old_deliveries) r.Ack(d);
+  ASSERT_TRUE(r.FlushAcks(Deadline::InMs(1000)).ok());
+  r.Ack(fresh[2]);
+  ASSERT_TRUE(r.FlushAcks(Deadline::InMs(1000)).ok());
+  std::unique_lock<std::mutex> g(mu);
+  ASSERT_TRUE(cv.wait_for(g, std::chrono::seconds(10), [&] { return !accepted.empty(); }));
+  EXPECT_EQ(accepted, std::vector<int>({102})) << "acks for the old process resolved new messages";
+  EXPECT_GE(sender.stats().foreign_acks, 1u);
+}
+
 TEST(Reliable, SnapshotRestoreMakesItExactlyOnceAcrossRestarts) {
   MemoryFabric fabric;
   auto cn = fabric.NewNetwork({"reward", 0});

@@ -1,5 +1,6 @@
 #include "troupe/trainer/batch.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace troupe::trainer {
@@ -17,6 +18,57 @@ void TrainBatch::AddSequence(const std::vector<int32_t>& prompt,
   behaviour_logprobs.insert(behaviour_logprobs.end(), behaviour.begin(), behaviour.end());
   loss_mask.insert(loss_mask.end(), mask.begin(), mask.end());
   rewards.push_back(reward);
+}
+
+int64_t TrainBatch::RemoveSequences(const std::vector<uint8_t>& drop) {
+  const int64_t n = num_sequences();
+  if (n <= 0 || static_cast<int64_t>(drop.size()) != n ||
+      static_cast<int64_t>(rewards.size()) != n ||
+      static_cast<int64_t>(response_offsets.size()) != n + 1 ||
+      static_cast<int64_t>(behaviour_logprobs.size()) != num_response_tokens() ||
+      static_cast<int64_t>(loss_mask.size()) != num_response_tokens() ||
+      (!group_index.empty() && static_cast<int64_t>(group_index.size()) != n))
+    return 0;
+  if (std::none_of(drop.begin(), drop.end(), [](uint8_t d) { return d != 0; })) return 0;
+  for (int64_t i = 0; i < n; ++i) {  // offsets must be in order and in bounds
+    if (prompt_offsets[i] < 0 || prompt_offsets[i] > prompt_offsets[i + 1] ||
+        prompt_offsets[i + 1] > static_cast<int64_t>(prompt_tokens.size()) ||
+        response_offsets[i] < 0 || response_offsets[i] > response_offsets[i + 1] ||
+        response_offsets[i + 1] > num_response_tokens())
+      return 0;
+  }
+  if (group_index.empty()) {
+    const int64_t g = std::max<int64_t>(1, group_size);
+    for (int64_t i = 0; i < n; ++i) group_index.push_back(static_cast<uint32_t>(i / g));
+  }
+  TrainBatch kept;
+  kept.batch_id = batch_id;
+  kept.policy_version = policy_version;
+  kept.group_size = group_size;
+  kept.prompt_offsets.push_back(0);
+  kept.response_offsets.push_back(0);
+  int64_t removed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (drop[i]) {
+      ++removed;
+      continue;
+    }
+    const int64_t p0 = prompt_offsets[i], p1 = prompt_offsets[i + 1];
+    const int64_t r0 = response_offsets[i], r1 = response_offsets[i + 1];
+    kept.prompt_tokens.insert(kept.prompt_tokens.end(), prompt_tokens.begin() + p0,
+                              prompt_tokens.begin() + p1);
+    kept.prompt_offsets.push_back(static_cast<int64_t>(kept.prompt_tokens.size()));
+    kept.response_tokens.insert(kept.response_tokens.end(), response_tokens.begin() + r0,
+                                response_tokens.begin() + r1);
+    kept.behaviour_logprobs.insert(kept.behaviour_logprobs.end(),
+                                   behaviour_logprobs.begin() + r0, behaviour_logprobs.begin() + r1);
+    kept.loss_mask.insert(kept.loss_mask.end(), loss_mask.begin() + r0, loss_mask.begin() + r1);
+    kept.response_offsets.push_back(static_cast<int64_t>(kept.response_tokens.size()));
+    kept.rewards.push_back(rewards[i]);
+    kept.group_index.push_back(group_index[i]);
+  }
+  *this = std::move(kept);
+  return removed;
 }
 
 void Demonstrations::Add(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response) {

@@ -317,6 +317,24 @@ Result<Admission> Learner::Offer(TrainBatch batch) {
   return a;
 }
 
+const char* BatchFateName(BatchFate fate) {
+  switch (fate) {
+    case BatchFate::kTrained:
+      return "trained";
+    case BatchFate::kStale:
+      return "dropped_stale";
+    case BatchFate::kInvalid:
+      return "dropped_invalid";
+    case BatchFate::kSkipped:
+      return "skipped";
+  }
+  return "unknown";
+}
+
+BatchFate FateOfRefusal(const Status& s) {
+  return s.code() == Code::kStale ? BatchFate::kStale : BatchFate::kInvalid;
+}
+
 void Learner::ResetOptimizer() { state_->optimizer = MakeOptimizer(config_, state_->params); }
 
 std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
@@ -361,7 +379,8 @@ bool Learner::State::PrepareGroup() {
         --counters.queued_batches;
         ++counters.dropped_stale_batches;
         counters.dropped_stale_sequences += static_cast<uint64_t>(p.batch.num_sequences());
-        finished.push_back({p.batch.batch_id, false, st.message()});
+        finished.push_back(
+            {p.batch.batch_id, BatchFate::kStale, st.message(), p.batch.num_sequences()});
         TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
                             "dropped stale batch '{}' before training: {}", p.batch.batch_id,
                             st.message());
@@ -460,7 +479,8 @@ void Learner::State::AbandonGroup(const Status& why) {
       --counters.queued_batches;
       ++counters.dropped_invalid_batches;
       counters.dropped_invalid_sequences += static_cast<uint64_t>(gb.batch.num_sequences());
-      finished.push_back({gb.batch.batch_id, false, "update failed: " + why.message()});
+      finished.push_back({gb.batch.batch_id, BatchFate::kInvalid, "update failed: " + why.message(),
+                          gb.batch.num_sequences()});
     }
   }
   group.reset();
@@ -586,10 +606,20 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
   if (first) {
     for (const GroupBatch& gb : g.batches) {
       --counters.queued_batches;
-      ++counters.trained_batches;
-      counters.trained_sequences += static_cast<uint64_t>(gb.batch.num_sequences());
-      finished.push_back({gb.batch.batch_id, true, ""});
-      counters.uniform_groups += static_cast<uint64_t>(gb.adv.uniform_groups);
+      const auto n = static_cast<uint64_t>(gb.batch.num_sequences());
+      if (m.tokens > 0) {
+        ++counters.trained_batches;
+        counters.trained_sequences += n;
+        finished.push_back({gb.batch.batch_id, BatchFate::kTrained, "", gb.batch.num_sequences()});
+        counters.uniform_groups += static_cast<uint64_t>(gb.adv.uniform_groups);
+      } else {
+        // No optimizer step: not trained on, not dropped either.
+        ++counters.skipped_batches;
+        counters.skipped_sequences += n;
+        finished.push_back({gb.batch.batch_id, BatchFate::kSkipped,
+                            "no learning signal: every group had uniform rewards",
+                            gb.batch.num_sequences()});
+      }
     }
   }
   counters.trained_tokens += static_cast<uint64_t>(m.tokens);
@@ -750,6 +780,11 @@ Status CountersFromJson(const nlohmann::json& j, LearnerCounters* c) {
   TROUPE_RETURN_IF_ERROR(get("dropped_stale_sequences", &c->dropped_stale_sequences));
   TROUPE_RETURN_IF_ERROR(get("dropped_invalid_sequences", &c->dropped_invalid_sequences));
   TROUPE_RETURN_IF_ERROR(get("trained_tokens", &c->trained_tokens));
+  // Added later: absent from older checkpoints (then 0).
+  for (auto [key, out] : {std::pair{"skipped_batches", &c->skipped_batches},
+                          std::pair{"skipped_sequences", &c->skipped_sequences}}) {
+    if (j.contains(key)) TROUPE_RETURN_IF_ERROR(get(key, out));
+  }
   TROUPE_RETURN_IF_ERROR(get("uniform_groups", &c->uniform_groups));
   TROUPE_RETURN_IF_ERROR(get("updates", &c->updates));
   TROUPE_RETURN_IF_ERROR(get("supervised_updates", &c->supervised_updates));
@@ -763,7 +798,8 @@ Status WriteBytes(const std::string& path, const void* data, size_t size) {
 
 }  // namespace
 
-Result<std::string> Learner::SaveCheckpoint(const std::string& root, const CheckpointHooks& hooks) {
+Result<std::string> Learner::SaveCheckpoint(const std::string& root, const CheckpointHooks& hooks,
+                                            const std::map<std::string, std::string>& extra_files) {
   State& s = *state_;
   uint64_t version = 0, step = 0;
   LearnerCounters counters;
@@ -815,6 +851,9 @@ Result<std::string> Learner::SaveCheckpoint(const std::string& root, const Check
                   {"updates_per_batch", config_.updates_per_batch}};
   TROUPE_RETURN_IF_ERROR(WriteFileAtomic(w.File("state.json"), j.dump(2) + "\n"));
   hooks.Stage("state");
+  for (const auto& [name, contents] : extra_files)
+    TROUPE_RETURN_IF_ERROR(WriteFileAtomic(w.File(name), contents));
+  if (!extra_files.empty()) hooks.Stage("extra");
   TROUPE_ASSIGN_OR_RETURN(std::string dir, w.Commit(config_.keep_checkpoints, hooks));
   Log().info("checkpoint saved: {} (version {}, step {})", dir, version, step);
   return dir;

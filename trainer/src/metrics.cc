@@ -62,6 +62,8 @@ std::vector<std::pair<std::string, double>> LearnerCounters::Stats() const {
       {"trained_sequences", d(trained_sequences)},
       {"dropped_stale_sequences", d(dropped_stale_sequences)},
       {"dropped_invalid_sequences", d(dropped_invalid_sequences)},
+      {"skipped_batches", d(skipped_batches)},
+      {"skipped_sequences", d(skipped_sequences)},
       {"trained_tokens", d(trained_tokens)},
       {"uniform_groups", d(uniform_groups)},
       {"updates", d(updates)},

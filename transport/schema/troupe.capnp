@@ -236,12 +236,20 @@ struct RolloutBatch {
   sequences @12 :List(SequenceMeta);
   generateTimeNs @13 :Int64;   # wall time spent generating this batch
   createdNs @14 :Int64;        # wall clock when generation started
+  producerIncarnation @15 :UInt64;  # the producer process's incarnation (with `producer`, the
+                                    # accounting source of the batch); 0 = unknown
+  grantLearner @16 :UInt64;    # incarnation of the learner process whose credits started
+                               # `grantedGroups` of its groups (staleness control)
+  grantedGroups @17 :UInt32;   # groups of this batch that learner granted (the others were
+                               # granted by an earlier learner process)
 }
 
 # Per-sequence outcome of scoring.
 struct RewardDetail {
   scorer @0 :Text;             # verifier or service that produced the reward
   failure @1 :Text;            # non-empty when scoring failed (reward is then 0)
+  unscored @3 :Bool;           # no reward could be computed and the service's on_failure is
+                               # drop: the learner leaves the sequence out (dropped_unscored)
   components @2 :List(Stat);   # partial-credit components, if any
 }
 
@@ -263,6 +271,9 @@ struct Ack {
   receiverIncarnation @2 :UInt64;
   deliveredThrough @3 :UInt64; # every seq below this was delivered to the receiving application (maybe not yet processed); 0 = unknown
   processedThrough @4 :UInt64; # every seq below this was processed: accepted unless listed in `rejected` (unresolved rejections are repeated in every ack); 0 = unknown
+  streamIncarnation @5 :UInt64; # the sender incarnation whose stream this acknowledges; a sender
+                                # ignores acks for another one (a restarted sender reusing its
+                                # predecessor's routing id must not take its acks); 0 = unknown
 }
 
 struct Rejection {

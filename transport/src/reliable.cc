@@ -357,6 +357,13 @@ class ReliableSenderImpl {
   void HandleAck(Peer* p, const InMessage& m, std::vector<DeliveryOutcome>* outcomes)
       TROUPE_REQUIRES(mu_) {
     auto ack = m.envelope().getBody().getAck();
+    const uint64_t mine = network_->identity().incarnation;
+    if (ack.getStreamIncarnation() != 0 && mine != 0 && ack.getStreamIncarnation() != mine) {
+      // Meant for a previous process of this actor (same routing id): its
+      // seqs and floors say nothing about ours.
+      ++stats_.foreign_acks;
+      return;
+    }
     const auto now = Clock::now();
     p->last_heard = now;
     p->silent_timeouts = 0;
@@ -692,6 +699,7 @@ class ReliableReceiverImpl {
           rej[static_cast<unsigned>(i)].setReason(p.rejected[i].second);
         }
         ack.setReceiverIncarnation(incarnation);
+        ack.setStreamIncarnation(pk.second.second);
         auto it = streams_.find(pk.second);
         if (it != streams_.end()) {
           ack.setDeliveredThrough(it->second.next_expected);

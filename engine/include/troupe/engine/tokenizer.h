@@ -1,9 +1,12 @@
-// Tokenizers behind one interface (torch-free).
+// Tokenizers behind one interface (torch-free; library troupe::tokenizer).
 //
 // A Tokenizer maps text to token ids and back and names its special tokens.
 // Chat/prompt rendering is not here: tasks (envs/) render prompts and call
 // Encode. Implementations are immutable after construction, so every method is
 // const and safe to call from any number of threads at once.
+//
+// Two implementations: CharTokenizer (below) for the built-in toy tasks, and
+// HfTokenizer (hf_tokenizer.h) for a Hugging Face tokenizer.json.
 //
 // CharTokenizer is the tokenizer of the built-in tasks: one token per byte of
 // a fixed alphabet plus PAD (id 0), BOS (id 1) and EOS (id 2); alphabet byte i
@@ -25,10 +28,16 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // Text -> ids. Optionally prepends BOS / appends EOS. Fails (naming the offending
-  // character and its byte offset) when the text cannot be represented.
+  // Text -> ids (HfTokenizer: text that spells an added token, e.g. "<|im_end|>",
+  // becomes that token, as in Hugging Face). Optionally prepends BOS (when the tokenizer has one) /
+  // appends EOS (an error when it has none). Fails (naming the offending character and its byte
+  // offset) when the text cannot be represented.
   virtual Result<std::vector<int32_t>> Encode(std::string_view text, bool add_bos = false,
                                               bool add_eos = false) const = 0;
+  // Text -> ids as a model takes a whole input: Hugging Face's `tokenizer(text)`
+  // (add_special_tokens=True), i.e. the post-processor's special tokens around the
+  // text (Llama 3: BOS first; Qwen: none). CharTokenizer: BOS, then the text.
+  virtual Result<std::vector<int32_t>> EncodeWithSpecialTokens(std::string_view text) const = 0;
   // Ids -> text. Special tokens (PAD/BOS/EOS) are dropped when skip_special, else rendered
   // as their piece ("<pad>", "<bos>", "<eos>"). Fails on an id outside [0, vocab_size()),
   // naming the id and its position.
@@ -39,11 +48,17 @@ class Tokenizer {
   // Number of ids this tokenizer produces (ids are 0..vocab_size()-1). A model's
   // vocab_size may be larger (padded); never smaller.
   virtual int32_t vocab_size() const = 0;
+  // Ids of the named special tokens; bos_id() is -1 when the tokenizer has no BOS
+  // (Qwen), eos_id() is -1 only for a bare tokenizer.json that names none. pad_id() is
+  // always a valid id (it fills padding, which is masked).
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
   virtual int32_t pad_id() const = 0;
   // True for PAD/BOS/EOS (and any other control token of the implementation).
   virtual bool IsSpecial(int32_t id) const = 0;
+  // Id of the token spelled exactly `piece` (as IdToPiece gives it: a vocabulary entry
+  // or an added token such as "<|im_end|>"), or -1 when there is none.
+  virtual int32_t TokenToId(std::string_view piece) const = 0;
 };
 
 class CharTokenizer final : public Tokenizer {
@@ -61,7 +76,11 @@ class CharTokenizer final : public Tokenizer {
                                       bool add_eos = false) const override;
   Result<std::string> Decode(const std::vector<int32_t>& ids,
                              bool skip_special = true) const override;
+  Result<std::vector<int32_t>> EncodeWithSpecialTokens(std::string_view text) const override {
+    return Encode(text, /*add_bos=*/true, /*add_eos=*/false);
+  }
   Result<std::string> IdToPiece(int32_t id) const override;
+  int32_t TokenToId(std::string_view piece) const override;
   int32_t vocab_size() const override {
     return kNumSpecial + static_cast<int32_t>(alphabet_.size());
   }

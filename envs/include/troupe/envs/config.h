@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/core/status.h"
@@ -86,6 +87,20 @@ struct TaskConfig {
   Status Validate() const;
 };
 
+// How prompts and replies are rendered (renderer.h, chat_template.h).
+struct ChatConfig {
+  // "auto" (default): the model folder's chat template when it has one (a
+  // Hugging Face tokenizer with tokenizer_config.json's chat_template), else
+  // the compact format; "template": the chat template, an error when there is
+  // none; "compact" or "tagged": that fixed format (character tokenizers).
+  std::string format = "auto";
+  // Template variables, Hugging Face's chat_template_kwargs: name -> JSON text,
+  // e.g. {"enable_thinking": "false"}. Default none.
+  std::vector<std::pair<std::string, std::string>> variables;
+
+  Status Validate() const;
+};
+
 // Limits of one multi-turn episode (episode.h).
 struct EpisodeConfig {
   // Assistant turns before the episode ends with turnLimit. Default 8.
@@ -121,6 +136,20 @@ struct RewardServiceConfig {
   int64_t backoff_ms = 50;
   // Largest backoff, ms. Default 1000.
   int64_t max_backoff_ms = 1000;
+  // Circuit breaker: after this many samples in a row failed for a reason of
+  // the service's (unreachable, connection, timeout, 5xx/408/429), samples
+  // fail at once without a request for breaker_cooldown_ms; then one probe
+  // request decides (success closes it, failure opens it again). 0: off.
+  // Default 5.
+  int64_t breaker_failures = 5;
+  // How long an open breaker fails samples fast before probing, ms. Default 5000.
+  int64_t breaker_cooldown_ms = 5000;
+  // What a sample whose reward could not be computed (the service failed)
+  // becomes: "zero" — reward 0 with the reason, trained on like any failure
+  // (the default, as NeMo Gym does); "drop" — left out of training and
+  // counted (accounting term dropped_unscored), so an outage does not teach
+  // the policy that every answer is wrong.
+  std::string on_failure = "zero";
 
   Status Validate() const;
 };

@@ -11,7 +11,7 @@
 // An episode alternates assistant turns and tool turns until the model submits
 // (a tool result with submitted=true), max_turns assistant turns were played,
 // or the response would pass max_response_tokens. The first "<tool>" call of
-// each assistant turn is executed (format: tool_call.h); everything the model
+// each assistant turn is executed (in the renderer's format: tool_call.h); everything the model
 // sees back is a tool message: the tool's output, or "error: <message>" for a
 // turn without a call, a malformed call, an unknown tool or a failing tool.
 // Tool output is cut to max_tool_output_chars with a "[truncated N chars]"
@@ -43,6 +43,7 @@
 #include "troupe/envs/config.h"
 #include "troupe/envs/renderer.h"
 #include "troupe/envs/task.h"
+#include "troupe/envs/tool_call.h"
 
 namespace troupe::envs {
 
@@ -74,7 +75,8 @@ class Episode {
   // Creates the task's environment for `prompt`. Fails for single-turn tasks or
   // when the environment cannot be set up (e.g. no scratch directory).
   static Result<std::unique_ptr<Episode>> Start(const Task& task, Prompt prompt,
-                                                const EpisodeConfig& config);
+                                                const EpisodeConfig& config,
+                                                ToolCallFormat format = ToolCallFormat::kTroupe);
 
   // Processes one assistant turn. Returns the tool message the model sees next,
   // or nullopt when the episode has ended (then score() is set).
@@ -103,7 +105,7 @@ class Episode {
  private:
   friend class TokenEpisode;  // retracts a tool turn that did not fit the token budget
   Episode(const Task& task, Prompt prompt, const EpisodeConfig& config,
-          std::unique_ptr<Environment> env);
+          std::unique_ptr<Environment> env, ToolCallFormat format);
   ToolResult RunCall(std::string_view text);
   std::string FormatOutput(const ToolResult& result);
   void End(EpisodeEnd end);
@@ -112,6 +114,7 @@ class Episode {
   Prompt prompt_;
   EpisodeConfig config_;
   std::unique_ptr<Environment> env_;
+  ToolCallFormat format_;
   EpisodeEnd end_ = EpisodeEnd::kRunning;
   int64_t turns_ = 0;
   EpisodeFlags flags_;

@@ -15,6 +15,12 @@
 // gets reward 0 and a reason naming the service and what went wrong, and the
 // service's counter for that kind goes up.
 //
+// Circuit breaker: after breaker_failures samples in a row failed for the
+// service's own reasons, samples fail at once (no request) for
+// breaker_cooldown_ms; then one probe request is let through — success closes
+// the breaker, failure opens it for another cooldown. A failed sample's
+// VerifyResult is `unscored` when the service says on_failure: drop.
+//
 // Retries: up to max_attempts per sample, with exponential backoff (+-50%
 // jitter) between attempts, for every failure except a 4xx other than 408/429
 // (the request itself is wrong). Time limits: each attempt is bounded by the
@@ -67,6 +73,8 @@ struct RewardServiceStats {
   uint64_t timeouts = 0;        // attempts (or samples out of time) that hit a limit
   uint64_t http_status = 0;     // attempts answered with a non-2xx status
   uint64_t malformed = 0;       // attempts answered with a bad body
+  uint64_t short_circuited = 0;  // samples failed at once: circuit breaker open
+  uint64_t breaker_opened = 0;   // times the circuit breaker opened
   double latency_ms_total = 0;  // wall time of scored samples, summed
 };
 

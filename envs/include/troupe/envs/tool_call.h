@@ -1,11 +1,16 @@
-// The tool-call format the policy writes, its parser, and typed argument
+// The tool-call formats the policy writes, their parsers, and typed argument
 // readers for tool implementations.
 //
-// Format (one call per assistant turn):
+// Three formats (one call per assistant turn); a model's chat template picks
+// one (ChatTemplate::tool_call_format), character-level models use Troupe's:
 //
-//   <tool>NAME</tool>                    a call without arguments
-//   <tool>NAME {"key": value, ...}</tool>  arguments as one JSON object
+//   troupe       <tool>NAME {"key": value, ...}</tool>   (or <tool>NAME</tool>)
+//   hermes       <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>
+//                (Qwen2.5/Qwen3, Hermes; "arguments" may also be a JSON string)
+//   llama3_json  {"name": NAME, "parameters": {...}}  as the whole turn,
+//                optionally after <|python_tag|> (Llama 3.1/3.2)
 //
+// Troupe's format in detail:
 // NAME is 1-32 characters of [a-z0-9_] starting with a letter. Whitespace is
 // allowed around NAME and the arguments. Text before the first "<tool>" is
 // ignored (room for reasoning); so is text after the call's "</tool>". The
@@ -13,7 +18,11 @@
 // "</tool>". Arguments are limited to kMaxToolArgsBytes bytes and
 // kMaxToolArgsDepth levels of nesting.
 //
-// The parser never throws: a turn yields no call, a malformed call (with a
+// Hermes and Llama 3 calls take "arguments" or "parameters" (an object; null
+// or absent is {}), a name of 1-64 printable ASCII characters, no other keys,
+// and the same size and depth limits.
+//
+// The parsers never throw: a turn yields no call, a malformed call (with a
 // message the model is shown), or a call. The argument readers check types and
 // ranges and return errors that name the argument. Pure functions; thread-safe.
 #pragma once
@@ -36,6 +45,18 @@ inline constexpr size_t kMaxToolNameChars = 32;
 inline constexpr size_t kMaxToolArgsBytes = 64 * 1024;
 inline constexpr int kMaxToolArgsDepth = 32;
 
+enum class ToolCallFormat {
+  kTroupe,      // <tool>NAME {json}</tool>
+  kHermes,      // <tool_call>{"name": ..., "arguments": ...}</tool_call>
+  kLlama3Json,  // {"name": ..., "parameters": ...}
+};
+// "troupe", "hermes", "llama3_json".
+const char* ToolCallFormatName(ToolCallFormat format);
+// The names above; InvalidArgument otherwise.
+Result<ToolCallFormat> ParseToolCallFormat(std::string_view name);
+// How to write a call, for messages to the model ("<tool>name {json arguments}</tool>").
+std::string ToolCallSyntax(ToolCallFormat format);
+
 struct ToolCall {
   std::string name;
   nlohmann::json args = nlohmann::json::object();  // always an object
@@ -52,14 +73,25 @@ struct ParsedTurn {
   Kind kind = Kind::kNoCall;
   ToolCall call;
   std::string error;  // for kMalformed: what is wrong, shown to the model
+  size_t begin = 0, end = 0;  // for kCall: the call's bytes in the turn text
 };
 
 // Parses the first tool call of an assistant turn.
-ParsedTurn ParseToolCall(std::string_view turn_text);
+ParsedTurn ParseToolCall(std::string_view turn_text,
+                         ToolCallFormat format = ToolCallFormat::kTroupe);
 
-// Writes a call in the format above (for demonstrations and tests).
+// Writes a call (for demonstrations and tests); in the Hermes and Llama 3
+// formats arguments are written as the templates' tojson writes them
+// (JavaScript number printing: integers past 2^53 round, as in Hugging
+// Face's renderer).
 std::string FormatToolCall(std::string_view name,
-                           const nlohmann::json& args = nlohmann::json::object());
+                           const nlohmann::json& args = nlohmann::json::object(),
+                           ToolCallFormat format = ToolCallFormat::kTroupe);
+
+// Rewrites text written for Troupe's format (task instructions, examples,
+// demonstrations) into `format`: every well-formed <tool>...</tool> call, and
+// the syntax line ToolInstructions() starts with. Identity for kTroupe.
+std::string RewriteToolCalls(std::string_view text, ToolCallFormat format);
 
 // Compact JSON that never throws on invalid UTF-8 (bad bytes become U+FFFD).
 std::string SafeDump(const nlohmann::json& value);

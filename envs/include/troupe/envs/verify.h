@@ -28,6 +28,9 @@ struct VerifyResult {
   std::string failure;  // non-empty when scoring failed; reward is then 0
   std::string scorer;   // verifier or service that produced the reward ("reverse", "http:math")
   std::vector<std::pair<std::string, double>> components;  // partial-credit parts, if any
+  // No reward could be computed (an external service failed) and its service
+  // says on_failure: drop — the sample must not be trained on.
+  bool unscored = false;
 
   bool ok() const { return failure.empty(); }
   // A failed result: reward 0 with the reason.

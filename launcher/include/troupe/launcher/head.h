@@ -60,6 +60,7 @@ struct ActorStatus {
   uint32_t restarts = 0;
   int64_t last_heartbeat_ns = 0;
   std::map<std::string, double> stats;
+  std::map<std::string, std::string> endpoints;  // what it serves, by purpose ("data", "weights")
 };
 
 // What the head knows at the end of a job.
@@ -68,7 +69,8 @@ struct JobSummary {
   bool stopped = false;                           // `troupe stop` / Ctrl-C
   std::string failure;                            // non-empty when the job failed
   std::map<std::string, double> learner_summary;  // the learner's "summary" metrics
-  std::map<std::string, double> accounting;       // generated, trained, dropped_*, in_flight, lost
+  std::map<std::string, double> accounting;       // generated and every term (accounting.h)
+  std::vector<std::string> accounting_problems;   // checks that failed (empty: it holds)
 };
 
 class Head {

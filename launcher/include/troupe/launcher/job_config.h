@@ -8,6 +8,7 @@
 // launcher includes this, and so does troupe-actor.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "troupe/core/status.h"
 #include "troupe/engine/engine_config.h"
 #include "troupe/engine/model_config.h"
+#include "troupe/engine/tokenizer.h"
 #include "troupe/envs/config.h"
 #include "troupe/launcher/config_binder.h"
 #include "troupe/launcher/job_spec.h"
@@ -57,11 +59,14 @@ struct EchoSettings {
   std::string stuck_actor;
 };
 
-// The character tokenizer of built-in tasks.
+// The tokenizer of the job: the built-in character tokenizer or a Hugging Face one.
 struct TokenizerSpec {
-  std::string kind = "char";  // char (the only built-in kind)
-  std::string alphabet =
-      "printable";  // printable (every built-in task's characters) | lowercase | a literal string
+  std::string kind = "char";  // char (the built-in tasks' characters) | hf (a tokenizer.json)
+  std::string alphabet = "printable";  // kind char: printable (every built-in task's characters) |
+                                       // lowercase | a literal string
+  // kind hf: a model folder holding tokenizer.json (+ tokenizer_config.json, which names
+  // eos/bos/pad), or a tokenizer.json file. Made absolute when the config is read.
+  std::string path;
 };
 
 // Sampling of rollout actors.
@@ -108,6 +113,12 @@ struct CheckpointSpec {
   // messages in a bounded outbox; without this, updates skipped because every
   // group was uniform would fill it and stall the pipeline).
   uint32_t max_unacked_batches = 64;
+  // Fault injection (tests): a checkpoint stage ("model", "optimizer", "state",
+  // "extra", "renamed", ... see trainer/checkpoint.h) at which the learner
+  // stalls — only when the file <run>/fault-stall-checkpoint exists, which it
+  // consumes — so a test can kill it in the middle of a checkpoint write.
+  // Empty: off.
+  std::string fault_stall_stage;
 };
 
 // When the job ends (the first condition met).
@@ -171,5 +182,7 @@ std::string ResolvedConfigYaml(const JobConfig& c);
 std::vector<config::KeyDoc> JobConfigKeys();
 // The alphabet string a TokenizerSpec names ("printable" -> every printable ASCII char, ...).
 std::string TokenizerAlphabet(const TokenizerSpec& spec);
+// Builds the tokenizer a (validated) TokenizerSpec names: CharTokenizer or HfTokenizer.
+Result<std::unique_ptr<engine::Tokenizer>> MakeTokenizer(const TokenizerSpec& spec);
 
 }  // namespace troupe::launcher

@@ -46,6 +46,11 @@ struct TrainBatch {
     return prompt_offsets.empty() ? 0 : static_cast<int64_t>(prompt_offsets.size()) - 1;
   }
   int64_t num_response_tokens() const { return static_cast<int64_t>(response_tokens.size()); }
+  // Removes the sequences i with drop[i] != 0 (groups keep their members:
+  // group_index is filled in first when empty). Returns how many were removed;
+  // 0 and unchanged when `drop`, the offsets or the rewards do not have one
+  // entry per sequence (validation then reports the batch as it came).
+  int64_t RemoveSequences(const std::vector<uint8_t>& drop);
   // Appends one sequence (convenience for tests, benchmarks and tools).
   // `behaviour` and `mask` must have response.size() entries.
   void AddSequence(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response,

@@ -27,7 +27,7 @@
 namespace troupe::trainer {
 
 // Fault-injection hooks for tests: called after each named stage of a save
-// ("model", "reference", "optimizer", "rng", "state", "synced", "renamed",
+// ("model", "reference", "optimizer", "rng", "state", "extra", "synced", "renamed",
 // "latest"), on the saving thread. A test may block or kill the process there.
 struct CheckpointHooks {
   std::function<void(std::string_view stage)> on_stage;

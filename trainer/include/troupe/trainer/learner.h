@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -49,13 +50,28 @@ struct Admission {
   bool ready = false;            // ReadyToStep() after the offer
 };
 
-// A batch whose fate is decided: trained (counted at its first update) or
-// dropped after it was accepted (stale before its first update, or its update
-// failed). The learner actor acknowledges (or rejects) it upstream.
+// What became of a batch the learner accepted (or dropped on arrival).
+enum class BatchFate {
+  kTrained,  // used by an update (counted at its first one)
+  kStale,    // too old on arrival or before its first update (lag gate)
+  kInvalid,  // failed validation, came from the future, or its update failed
+  kSkipped,  // its update had no learning signal (every group uniform): no optimizer step
+};
+// "trained", "dropped_stale", "dropped_invalid", "skipped": the accounting term.
+const char* BatchFateName(BatchFate fate);
+// The fate of a batch Offer() refused with `s` (kStale -> stale, else invalid).
+BatchFate FateOfRefusal(const Status& s);
+
+// A batch whose fate is decided: trained, skipped (its update had no signal)
+// or dropped after it was accepted (stale before its first update, or its
+// update failed). The learner actor acknowledges (or rejects) it upstream.
 struct FinishedBatch {
   std::string batch_id;
-  bool trained = false;
-  std::string reason;  // why it was dropped (empty when trained)
+  BatchFate fate = BatchFate::kTrained;
+  std::string reason;  // why it was dropped or skipped (empty when trained)
+  int64_t sequences = 0;
+  // Trained or skipped: the batch was used as intended and is acknowledged.
+  bool accepted() const { return fate == BatchFate::kTrained || fate == BatchFate::kSkipped; }
 };
 
 class Learner {
@@ -121,7 +137,11 @@ class Learner {
   // weights (safetensors), AdamW state, version, step, schedule position,
   // counters and the torch CPU generator state. Batches still queued or in use
   // are not part of it. Returns the checkpoint directory.
-  Result<std::string> SaveCheckpoint(const std::string& root, const CheckpointHooks& hooks = {});
+  // `extra_files` (name -> contents) are written into the checkpoint directory
+  // before it is committed, so they appear atomically with it (the learner
+  // actor's own state, e.g. its delivery and accounting ledger).
+  Result<std::string> SaveCheckpoint(const std::string& root, const CheckpointHooks& hooks = {},
+                                     const std::map<std::string, std::string>& extra_files = {});
   // Restores a checkpoint written by SaveCheckpoint: `path` is a root (its
   // `latest` is used) or one checkpoint directory. The learner must be idle (no
   // batch queued or in use) and built with the same model shape; on error it is

@@ -70,6 +70,8 @@ struct LearnerCounters {
   uint64_t trained_sequences = 0;
   uint64_t dropped_stale_sequences = 0;
   uint64_t dropped_invalid_sequences = 0;
+  uint64_t skipped_batches = 0;    // accepted, retired by an update without signal (all uniform)
+  uint64_t skipped_sequences = 0;  // their sequences (not trained, not dropped)
   uint64_t trained_tokens =
       0;  // trained (mask = 1) tokens summed over updates (reuse counts again)
   uint64_t uniform_groups = 0;  // groups with all-equal rewards among trained batches

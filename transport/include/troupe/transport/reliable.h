@@ -80,6 +80,7 @@ struct ReliableSenderStats {
   uint64_t peers_declared_dead = 0;
   uint64_t receiver_restarts = 0;  // receiver incarnation changes seen
   uint64_t send_blocked = 0;       // Send calls that had to wait for space
+  uint64_t foreign_acks = 0;       // acks for a previous incarnation of this sender (ignored)
 };
 
 // Final outcome of one message, reported once.
