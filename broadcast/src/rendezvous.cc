@@ -75,9 +75,10 @@ struct RendezvousServer::State {
     out->id = r.id;
     out->ok = true;
     const std::string key = r.keys.empty() ? std::string() : r.keys[0];
-    auto all_present = [&] {
-      return std::all_of(r.keys.begin(), r.keys.end(),
-                         [&](const std::string& k) { return kv.count(k) > 0; });
+    auto all_present = [&]() TROUPE_REQUIRES(mu) {
+      for (const auto& k : r.keys)
+        if (kv.count(k) == 0) return false;
+      return true;
     };
     switch (r.op) {
       case StoreOp::kSet:
