@@ -249,10 +249,11 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     auto* engine = engine_.get();
     // The learner is the authority on versions: a learner restarted from an
     // older checkpoint sends a lower version, and it replaces ours.
-    auto r = broadcast::WeightReceiver::Create(rc, [engine](const broadcast::ReceivedWeights& w) {
-      return engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
-                                   /*allow_rollback=*/true);
-    });
+    auto r =
+        broadcast::WeightReceiver::Create(rc, net_, [engine](const broadcast::ReceivedWeights& w) {
+          return engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
+                                       /*allow_rollback=*/true);
+        });
     if (r.ok())
       receiver_ = std::move(r).value();
     else

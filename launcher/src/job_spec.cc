@@ -78,4 +78,8 @@ void Describe(config::Binder& b, ClusterSpec& c) {
   }
 }
 
+bool CurveEnabled(const ClusterSpec& c) {
+  return c.curve == "on" || (c.curve == "auto" && c.backend != "local");
+}
+
 }  // namespace troupe::launcher

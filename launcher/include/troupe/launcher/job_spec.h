@@ -66,5 +66,7 @@ struct ClusterSpec {
   std::vector<std::string> sbatch_options;  // `troupe run --submit`: extra sbatch arguments
 };
 void Describe(config::Binder& b, ClusterSpec& c);
+// True when the job's sockets use CURVE: `curve: on`, or `auto` with a remote backend.
+bool CurveEnabled(const ClusterSpec& c);
 
 }  // namespace troupe::launcher
