@@ -33,6 +33,7 @@
 #include "credit_book.h"
 #include "role_common.h"
 #include "roles.h"
+#include "rollout_sampler.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
@@ -175,6 +176,8 @@ class LearnerRole {
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
   std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
+  // A sample of every update's accepted sequences -> head -> RUN/rollouts.jsonl (dashboard).
+  RolloutSampler rollouts_{job_, ctx_.tokenizer.get(), DeriveSeed(job_.seed, "rollout-samples")};
   std::string ckpt_root_;
   Status fatal_;  // a failure that must end the role (ledger or checkpoint I/O)
 
@@ -651,6 +654,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   Held h{id, source, credited, sequences - n_unscored};
   h.unscored = n_unscored;
   if (adm.ok()) {
+    rollouts_.Offer(rt_, m, learner_->version(), RlUpdates() + 1);
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);
     return;
