@@ -294,7 +294,14 @@ void Dashboard::Impl::Routes() {
   server_.Get("/api/job", [this](const auto& q, auto& r) { OnJob(q, r); });
   server_.Get("/api/actors", [this](const auto&, auto& r) {
     nlohmann::json s = CurrentStatus();
-    nlohmann::json out = {{"time_ns", NowNs()}, {"actors", s.value("actors", nlohmann::json::array())}};
+    bool live;
+    {
+      MutexLock l(mu_);
+      live = has_live_;
+    }
+    // Heartbeat ages: now while live; a finished run's as they were at its last status.
+    const int64_t at = live ? NowNs() : s.value("time_ns", NowNs());
+    nlohmann::json out = {{"time_ns", at}, {"actors", s.value("actors", nlohmann::json::array())}};
     r.set_content(out.dump(), "application/json");
   });
   server_.Get("/api/series", [this](const auto& q, auto& r) { OnSeries(q, r); });

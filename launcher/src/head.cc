@@ -730,7 +730,12 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   std::map<std::string, double> stats;
   for (auto s : mt.getStats()) {
     stats[s.getName()] = s.getValue();
-    if (std::isfinite(s.getValue())) j[std::string(s.getName())] = s.getValue();
+    std::string key = s.getName();
+    // A figure named like a record key must not overwrite it: the trainer's own
+    // "step" counts optimizer updates with the warm start's, the record's is the RL update.
+    if (key == "step" || key == "kind" || key == "actor" || key == "time_ns" || key == "policy_version")
+      key = key == "step" ? "optimizer_step" : "stat_" + key;
+    if (std::isfinite(s.getValue())) j[key] = s.getValue();
   }
   if (mt.hasJson() && mt.getJson().size() > 0) {
     auto extra = nlohmann::json::parse(std::string(mt.getJson()), nullptr, false);

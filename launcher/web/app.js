@@ -243,7 +243,14 @@ function drawChart(c) {
   }
 }
 
-async function pollSeries() {
+// One fetch at a time: the live loop and the job's end may both ask.
+let seriesBusy = null;
+function pollSeries() {
+  if (!seriesBusy) seriesBusy = fetchSeries().finally(() => { seriesBusy = null; });
+  return seriesBusy;
+}
+
+async function fetchSeries() {
   // Catch up in pages (a long finished run has many records).
   for (let pages = 0; pages < 50; pages++) {
     const r = await getJson(`api/series?from=${state.seriesNext}&max=5000`);
@@ -321,6 +328,7 @@ function renderRollout(item, withTokens) {
   const resp = el("div", { class: "text" },
     ...segmentsOf(r).map(s => el("span", { class: s.mask ? "seg" : "seg env", title: s.mask ? "model tokens (trained)" : "environment tokens (not trained)", text: s.text })));
   kids.push(el("div", { class: "label", text: "response" }), resp);
+  if (r.reference) kids.push(el("div", { class: "label", text: "expected" }), el("div", { class: "text", text: r.reference }));
   if (withTokens && Array.isArray(r.response_tokens)) {
     const toks = el("div", { class: "tokens" });
     r.response_tokens.forEach((t, i) => {
