@@ -727,6 +727,8 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
   s["broadcast_s"] = broadcaster_->last_seconds();
   nlohmann::json extra;
   extra["lag_histogram"] = m.lag_histogram;
+  extra["group_rewards"] = m.group_rewards;  // (TensorBoard histograms)
+  extra["is_weight_histogram"] = {{"edges", trainer::IsWeightEdges()}, {"counts", m.is_weight_histogram}};
   rt_.SendMetrics("train", RlUpdates(), m.version, s, extra.dump());
   rt_.SetStat("train_tokens_per_s", m.tokens_per_s());
   rt_.SetPolicyVersion(learner_->version());

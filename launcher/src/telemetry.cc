@@ -177,6 +177,12 @@ void Telemetry::WriteTb(const nlohmann::json& line) {
     if (s.ok() && extra.contains("group_rewards") && extra["group_rewards"].is_array())
       s = tb_->AddHistogram("train/group_reward", step,
                             Numbers(extra["group_rewards"]), kUnit, wall);
+    const auto& is = extra.value("is_weight_histogram", nlohmann::json());
+    if (s.ok() && is.is_object() && is.contains("edges") && is.contains("counts")) {
+      Status h = tb_->AddBucketCounts("train/is_weight", step, Numbers(is["edges"]),
+                                      Numbers(is["counts"]), wall);
+      if (!h.ok() && h.code() != Code::kInvalidArgument) s = h;  // a malformed one is skipped
+    }
   }
   if (s.ok() && kind == "eval" && o_.tensorboard.texts_per_eval > 0) WriteTranscripts(step, wall);
   if (!s.ok()) {

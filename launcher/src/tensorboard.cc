@@ -148,6 +148,44 @@ Status TbWriter::AddIntegerHistogram(const std::string& tag, int64_t step,
   return WriteRecord(e.SerializeAsString());
 }
 
+Status TbWriter::AddBucketCounts(const std::string& tag, int64_t step,
+                                 const std::vector<double>& edges, const std::vector<double>& counts,
+                                 double wall_time) {
+  if (counts.size() != edges.size() + 1 || edges.empty())
+    return InvalidArgument("histogram '{}': {} counts for {} edges (want edges + 1)", tag,
+                           counts.size(), edges.size());
+  double num = 0, sum = 0, sq = 0, lo = 0, hi = 0;
+  bool any = false;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] <= 0) continue;
+    // A bucket's values stand at its middle (the open ends at their one edge).
+    const double low = i == 0 ? std::min(0.0, edges[0]) : edges[i - 1];
+    const double high = i < edges.size() ? edges[i] : edges.back();
+    const double mid = i == 0 || i == edges.size() ? high : 0.5 * (low + high);
+    if (!any) lo = low;
+    hi = high;
+    any = true;
+    num += counts[i];
+    sum += counts[i] * mid;
+    sq += counts[i] * mid * mid;
+  }
+  if (!any) return Status::Ok();
+  tb::Event e = EventAt(step, wall_time);
+  auto* v = e.mutable_summary()->add_value();
+  v->set_tag(tag);
+  auto* h = v->mutable_histo();
+  h->set_min(lo);
+  h->set_max(hi);
+  h->set_num(num);
+  h->set_sum(sum);
+  h->set_sum_squares(sq);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    h->add_bucket_limit(i < edges.size() ? edges[i] : DBL_MAX);
+    h->add_bucket(counts[i]);
+  }
+  return WriteRecord(e.SerializeAsString());
+}
+
 Status TbWriter::AddText(const std::string& tag, int64_t step, const std::string& text,
                          double wall_time) {
   tb::Event e = EventAt(step, wall_time);

@@ -120,6 +120,11 @@ TEST(Dashboard, LiveJobInChromiumThenTensorBoardReadBackThenTheFinishedRunFromIt
     ASSERT_TRUE(tb["train/lag"].count(step));
     EXPECT_EQ(tb["train/lag"][step]["bucket"], t["extra"]["lag_histogram"]) << step;
     EXPECT_EQ(tb["train/lag"][step]["num"], t["batches"]) << step;
+    ASSERT_TRUE(tb["train/is_weight"].count(step)) << step;
+    EXPECT_EQ(tb["train/is_weight"][step]["num"], t["tokens"]) << "every trained token, once";
+    EXPECT_EQ(tb["train/is_weight"][step]["bucket"], t["extra"]["is_weight_histogram"]["counts"]);
+    ASSERT_TRUE(tb["train/group_reward"].count(step)) << step;
+    EXPECT_EQ(tb["train/group_reward"][step]["num"], t["groups"]) << step;
   }
   for (const auto& ev : evals) {
     const int64_t step = ev["step"];

@@ -132,7 +132,8 @@ TEST_F(TelemetryTest, MetricsLinesBecomeScalarsHistogramsAndTranscripts) {
   auto t = Telemetry::Create(run_, o);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   json train = {{"kind", "train"}, {"step", 7},       {"time_ns", 1700000000000000000}, {"actor", "learner-0"},
-                {"loss", 0.5},     {"policy_version", 7}, {"extra", {{"lag_histogram", {1, 2}}, {"group_rewards", {0.5, 1.0}}}}};
+                {"loss", 0.5},     {"policy_version", 7}, {"extra", {{"lag_histogram", {1, 2}}, {"group_rewards", {0.5, 1.0}},
+                            {"is_weight_histogram", {{"edges", {0.9, 1.1}}, {"counts", {2, 30, 1}}}}}}};
   (*t)->OnMetricsLine(train);
   (*t)->OnRollouts("learner-0", 1700000000000000000,
                    json{{"sequences", {{{"step", 7}, {"task", "reverse"}, {"reward", 1.0},
@@ -150,6 +151,9 @@ TEST_F(TelemetryTest, MetricsLinesBecomeScalarsHistogramsAndTranscripts) {
   EXPECT_EQ(by_tag["train/policy_version"]["value"], 7);
   EXPECT_EQ(by_tag["train/lag"]["bucket"], json::array({1, 2}));
   EXPECT_EQ(by_tag["train/group_reward"]["num"], 2);
+  EXPECT_EQ(by_tag["train/is_weight"]["bucket"], json::array({2, 30, 1}));
+  EXPECT_EQ(by_tag["train/is_weight"]["num"], 33);
+  EXPECT_DOUBLE_EQ(by_tag["train/is_weight"]["bucket_limit"][1].get<double>(), 1.1);
   EXPECT_DOUBLE_EQ(by_tag["eval/eval_accuracy"]["value"].get<double>(), 0.75);
   EXPECT_EQ(by_tag.count("final/trained"), 0u);
   EXPECT_EQ(by_tag.count("train/time_ns"), 0u);

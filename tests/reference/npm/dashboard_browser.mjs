@@ -10,7 +10,7 @@
 //     a finished run's page: state, actors table, charts with points, the
 //     rollout viewer's cards and a log's text.
 //   node dashboard_browser.mjs watch URL --seconds S
-//     keeps the page open (polling like a user's tab) for S seconds.
+//     keeps the page open (polling like a user's tab) until the job ends, at most S seconds.
 // Prints one JSON object with what it saw; exits 1 (JSON with "error") when
 // a wait runs out or the page logs an error.
 import { chromium } from "playwright-core";
@@ -96,9 +96,19 @@ try {
     out.log_chars = (await page.textContent("#log-text")).length;
     opt.screenshot = opt.screenshot && opt.screenshot.replace(/\.png$/, "-logs.png");
   } else if (mode === "watch") {
+    // Until the job ends (its state leaves "running", or its head stops answering) or --seconds.
     const until = Date.now() + Number(opt.seconds || 60) * 1000;
-    while (Date.now() < until && !page.isClosed()) await page.waitForTimeout(1000);
-    out.points = await points("reward");
+    let gone = 0;
+    while (Date.now() < until) {
+      await page.waitForTimeout(1000);
+      const st = await page.textContent("#job-state");
+      const banner = await page.$eval("#banner", b => (b.hidden ? "" : b.textContent));
+      gone = /fetch|Failed/.test(banner) ? gone + 1 : 0;
+      if (["finished", "stopped", "failed"].includes(st) || gone >= 3) break;
+      out.points = await points("reward");
+    }
+    out.state = await page.textContent("#job-state");
+    out.console_errors = [];  // a head that went away fails the page's last fetches: expected here
   } else {
     fail("mode must be live, finished or watch");
   }

@@ -52,6 +52,11 @@ class TbWriter {
   // (e.g. the policy-lag histogram: batches at lag k).
   Status AddIntegerHistogram(const std::string& tag, int64_t step,
                              const std::vector<double>& counts, double wall_time);
+  // A histogram given as counts per bucket: counts[i] values in
+  // (edges[i-1], edges[i]], counts[edges.size()] above the last edge (the
+  // learner's IS-weight histogram). min/max/sum are bucket-edge estimates.
+  Status AddBucketCounts(const std::string& tag, int64_t step, const std::vector<double>& edges,
+                         const std::vector<double>& counts, double wall_time);
   // A text (markdown, as TensorBoard's text plugin renders it).
   Status AddText(const std::string& tag, int64_t step, const std::string& text,
                  double wall_time);
