@@ -14,7 +14,7 @@ from wait4). Targets: time to target within noise (ratio with/without near
 1; single runs on 2 shared cores vary by 10-30%); the head's CPU with the page
 open <= 3 percentage points above without.
 
-Usage: bench/launcher/dashboard_bench.py [--build build] [--timeout 900]
+Usage: bench/launcher/dashboard_bench.py [--build build] [--pairs 1] [--timeout 900]
 Ends with one JSON line.
 """
 import argparse, atexit, json, os, re, shutil, subprocess, sys, tempfile, time
@@ -99,22 +99,31 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="pairs of runs, alternating the order (without/with, with/without, ...); medians reported")
     a = ap.parse_args()
-    without = run_job(a.build, ["dashboard.enabled=false"], a.timeout, False)
-    sys.stderr.write(f"without the dashboard: {json.dumps(without)}\n")
-    with_page = run_job(a.build, [], a.timeout, True)
-    sys.stderr.write(f"with the page open in Chromium: {json.dumps(with_page)}\n")
-    t0, t1 = without["time_to_target_s"], with_page["time_to_target_s"]
+    runs = {"without": [], "with": []}
+    for p in range(a.pairs):
+        for kind in (["without", "with"] if p % 2 == 0 else ["with", "without"]):
+            r = run_job(a.build, ["dashboard.enabled=false"] if kind == "without" else [], a.timeout, kind == "with")
+            sys.stderr.write(f"{kind} the page open in Chromium: {json.dumps(r)}\n")
+            runs[kind].append(r)
+
+    def med(kind, key):
+        xs = sorted(r[key] for r in runs[kind] if r[key] is not None)
+        return xs[len(xs) // 2] if xs else None
+
+    t0, t1 = med("without", "time_to_target_s"), med("with", "time_to_target_s")
+    c0, c1 = med("without", "head_cpu_pct"), med("with", "head_cpu_pct")
     res = {
-        "bench": "dashboard",
+        "bench": "dashboard", "pairs": a.pairs,
         "without_time_to_target_s": t0, "with_time_to_target_s": t1,
         "time_to_target_ratio": (t1 / t0) if t0 and t1 and t0 > 0 else None,
-        "without_head_cpu_pct": without["head_cpu_pct"], "with_head_cpu_pct": with_page["head_cpu_pct"],
-        "head_cpu_pct_delta": with_page["head_cpu_pct"] - without["head_cpu_pct"],
+        "without_head_cpu_pct": c0, "with_head_cpu_pct": c1, "head_cpu_pct_delta": c1 - c0,
         "head_cpu_target_pct": 3.0,
-        "browser_cpu_s": with_page["browser_cpu_s"],
-        "without_wall_s": without["wall_s"], "with_wall_s": with_page["wall_s"],
-        "without_steps": without["steps"], "with_steps": with_page["steps"],
+        "browser_cpu_s": med("with", "browser_cpu_s"),
+        "all_time_to_target_s": {k: [r["time_to_target_s"] for r in v] for k, v in runs.items()},
+        "all_head_cpu_pct": {k: [round(r["head_cpu_pct"], 2) for r in v] for k, v in runs.items()},
     }
     print(json.dumps(res))
 

@@ -1,5 +1,6 @@
 // Prometheus text exposition format (version 0.0.4) of a job's state: what
-// the head serves on /metrics. Built from the status document (status_json.h)
+// the head serves on /metrics. Built from the status document (telemetry.h,
+// StatusDocument)
 // and the learner's last train/eval records; every family has HELP and TYPE
 // lines and `promtool check metrics` finds nothing to lint.
 //

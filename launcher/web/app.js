@@ -12,7 +12,7 @@
 "use strict";
 
 const LIVE_MS = 1000, SERIES_MS = 2000;
-const COLORS = ["#2a6fdb", "#d9534f", "#1f8a4c", "#b7791f", "#7b4fd6", "#17a2b8", "#555"];
+const COLORS = ["#2a6fdb", "#d9534f", "#1f8a4c", "#b7791f", "#7b4fd6", "#17a2b8", "#555", "#e377c2", "#8c564b", "#bcbd22"];
 
 // Curves. kinds: which metrics.jsonl records feed the chart; x: "step" (the
 // learner's update) or "time" (wall clock, for heartbeat figures).
@@ -29,7 +29,15 @@ const CHARTS = [
     series: [["is_weight_mean", "mean"], ["is_weight_max", "max"]] },
   { id: "lag", title: "Policy lag", kinds: ["train"], x: "step", series: [["lag_mean", "mean"], ["lag_max", "max"]] },
   { id: "laghist", title: "Policy lag histogram (share of batches at lag k)", kinds: ["train"], x: "step",
-    histogram: "lag_histogram" },
+    histogram: e => Array.isArray(e.lag_histogram) ? { counts: e.lag_histogram, labels: e.lag_histogram.map((_, k) => "lag " + k) } : null },
+  { id: "ishist", title: "Importance weights (share of trained tokens by pi/pi_behav)", kinds: ["train"], x: "step",
+    histogram: e => {
+      const h = e.is_weight_histogram;
+      if (!h || !Array.isArray(h.counts) || !Array.isArray(h.edges)) return null;
+      const labels = h.counts.map((_, i) => i === 0 ? "≤ " + h.edges[0] : i === h.edges.length ? "> " + h.edges[i - 1]
+                                                     : h.edges[i - 1] + "–" + h.edges[i]);
+      return { counts: h.counts, labels };
+    } },
   { id: "tokens", title: "Tokens/s (learner)", kinds: ["train"], x: "step",
     series: [["train_tokens_per_s", "trained"], ["received_tokens_per_s", "received"]] },
   { id: "broadcast", title: "Update and broadcast time (s)", kinds: ["train"], x: "step",
@@ -187,11 +195,12 @@ function addRecord(rec) {
     if (!def.kinds.includes(rec.kind)) continue;
     const x = def.x === "time" ? rec.time_ns / 1e9 : (rec.step || 0);
     if (def.histogram) {
-      const h = rec.extra && rec.extra[def.histogram];
-      if (!Array.isArray(h)) continue;
-      const total = h.reduce((s, v) => s + v, 0) || 1;
+      const h = rec.extra && def.histogram(rec.extra);
+      if (!h) continue;
+      const total = h.counts.reduce((s, v) => s + v, 0) || 1;
       c.xs.push(x);
-      c.hist.push(h.map(v => v / total));
+      c.hist.push(h.counts.map(v => v / total));
+      c.labels = h.labels;
       c.dirty = true;
       continue;
     }
@@ -210,7 +219,7 @@ function chartData(c) {
     const k = Math.max(0, ...c.hist.map(h => h.length));
     const names = [];
     const ys = [];
-    for (let j = 0; j < k; j++) { names.push("lag " + j); ys.push(order.map(i => c.hist[i][j] ?? 0)); }
+    for (let j = 0; j < k; j++) { names.push((c.labels && c.labels[j]) || "#" + j); ys.push(order.map(i => c.hist[i][j] ?? 0)); }
     return { xs, ys, names };
   }
   return { xs, ys: c.ys.map(col => order.map(i => col[i])), names: c.def.series.map(([k, n]) => n || k) };

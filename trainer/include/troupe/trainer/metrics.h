@@ -54,7 +54,7 @@ struct StepMetrics {
   std::vector<double> group_rewards;
   // Trained tokens by behaviour importance weight pi_prox/pi_behav before
   // truncation: is_weight_histogram[i] counts weights in
-  // (kIsWeightEdges[i-1], kIsWeightEdges[i]]; the last entry those above the last edge.
+  // (IsWeightEdges()[i-1], IsWeightEdges()[i]]; the last entry those above the last edge.
   std::vector<int64_t> is_weight_histogram;
   double forward_s = 0.0;    // wall seconds in model forward + loss
   double backward_s = 0.0;   // wall seconds in backward
