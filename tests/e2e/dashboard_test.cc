@@ -164,6 +164,7 @@ TEST(Dashboard, LiveJobInChromiumThenTensorBoardReadBackThenTheFinishedRunFromIt
     EXPECT_EQ(r["scorer"], "reverse");
   }
   ASSERT_GT(lines, trains.size()) << "fewer samples than updates";
+  EXPECT_TRUE(job.Metrics("rollouts").empty()) << "samples belong in rollouts.jsonl, not metrics.jsonl";
   for (auto& [step, n] : per_step) EXPECT_LE(n, 3) << "update " << step << " over rollout_samples.per_update";
   EXPECT_GE(per_step.size(), trains.size() * 9 / 10) << "most updates have samples";
   ASSERT_TRUE(fs::exists(run->path + "/status.json"));

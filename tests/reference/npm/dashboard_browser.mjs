@@ -6,7 +6,7 @@
 //     waits until the actors table lists every named actor as ready, reads the
 //     chart's points (data-points), then waits until it has gained --grow more
 //     while the job runs; screenshot at the end.
-//   node dashboard_browser.mjs finished URL [--screenshot PNG] [--timeout S]
+//   node dashboard_browser.mjs finished URL [--screenshot PNG] [--viewport WxH] [--timeout S]
 //     a finished run's page: state, actors table, charts with points, the
 //     rollout viewer's cards and a log's text.
 //   node dashboard_browser.mjs watch URL --seconds S
@@ -36,7 +36,8 @@ const browser = await chromium.launch({
 });
 const done = async (code) => { await browser.close(); process.exit(code); };
 try {
-  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+  const [vw, vh] = (opt.viewport || "1400x1000").split("x").map(Number);
+  const page = await browser.newPage({ viewport: { width: vw, height: vh } });
   page.setDefaultTimeout(timeoutMs);
   page.on("console", m => { if (m.type() === "error") out.console_errors.push(m.text()); });
   page.on("pageerror", e => out.console_errors.push(String(e)));
