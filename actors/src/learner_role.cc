@@ -32,6 +32,7 @@
 #include "credit_book.h"
 #include "role_common.h"
 #include "roles.h"
+#include "rollout_sampler.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
@@ -102,6 +103,8 @@ class LearnerRole {
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
   std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
+  // A sample of every update's accepted sequences -> head -> RUN/rollouts.jsonl (dashboard).
+  RolloutSampler rollouts_{job_, ctx_.tokenizer.get(), DeriveSeed(job_.seed, "rollout-samples")};
   std::string ckpt_root_;
   Status fatal_;  // a failure that must end the role (ledger or checkpoint I/O)
 
@@ -580,6 +583,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   Held h{id, source, credited, sequences - n_unscored};
   h.unscored = n_unscored;
   if (adm.ok()) {
+    rollouts_.Offer(rt_, m, learner_->version(), RlUpdates() + 1);
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);
     return;
@@ -652,6 +656,8 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
   s["broadcast_s"] = broadcaster_->last_seconds();
   nlohmann::json extra;
   extra["lag_histogram"] = m.lag_histogram;
+  extra["group_rewards"] = m.group_rewards;  // (TensorBoard histograms)
+  extra["is_weight_histogram"] = {{"edges", trainer::IsWeightEdges()}, {"counts", m.is_weight_histogram}};
   rt_.SendMetrics("train", RlUpdates(), m.version, s, extra.dump());
   rt_.SetStat("train_tokens_per_s", m.tokens_per_s());
   rt_.SetPolicyVersion(learner_->version());

@@ -153,11 +153,17 @@ class Head::Impl {
     poller_->Add(control_.get());
     metrics_.open(o_.run.metrics(), std::ios::app);
     if (!metrics_) return IoError("head: cannot open '{}'", o_.run.metrics());
+    if (o_.telemetry) {
+      auto t = Telemetry::Create(o_.run, *o_.telemetry);
+      if (!t.ok()) return t.status().WithContext("head");
+      telemetry_ = std::move(t).value();
+    }
     for (auto& [role, spec] : o_.roles) desired_[role] = spec.count;
     return Status::Ok();
   }
 
   const std::string& endpoint() const { return control_->endpoint(); }
+  std::string dashboard_url() const { return telemetry_ ? telemetry_->dashboard_url() : ""; }
 
   void RequestStop() {
     int n = stop_requests_.fetch_add(1) + 1;
@@ -246,6 +252,9 @@ class Head::Impl {
   std::vector<IncarnationReport> retired_reports_;
   // An actor's incarnations: the dead ones and the current (or last) one.
   void CollectReports(const Record& r, std::vector<IncarnationReport>* out) const;
+  // Dashboard, TensorBoard, rollouts.jsonl, status.json (null: none).
+  std::unique_ptr<Telemetry> telemetry_;
+  std::string JobState() const;
 };
 
 // ------------------------------------------------------------------ supervision
@@ -707,6 +716,12 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
     return;
   }
   std::string kind = mt.getKind();
+  if (kind == "rollouts") {
+    // Sampled sequences go to rollouts.jsonl, not metrics.jsonl.
+    if (telemetry_ && mt.hasJson())
+      telemetry_->OnRollouts(sender, m.envelope().getSendTimeNs(), mt.getJson());
+    return;
+  }
   nlohmann::json j;
   j["time_ns"] = m.envelope().getSendTimeNs();
   j["actor"] = sender;
@@ -716,7 +731,12 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   std::map<std::string, double> stats;
   for (auto s : mt.getStats()) {
     stats[s.getName()] = s.getValue();
-    if (std::isfinite(s.getValue())) j[std::string(s.getName())] = s.getValue();
+    std::string key = s.getName();
+    // A figure named like a record key must not overwrite it: the trainer's own
+    // "step" counts optimizer updates with the warm start's, the record's is the RL update.
+    if (key == "step" || key == "kind" || key == "actor" || key == "time_ns" || key == "policy_version")
+      key = key == "step" ? "optimizer_step" : "stat_" + key;
+    if (std::isfinite(s.getValue())) j[key] = s.getValue();
   }
   if (mt.hasJson() && mt.getJson().size() > 0) {
     auto extra = nlohmann::json::parse(std::string(mt.getJson()), nullptr, false);
@@ -725,6 +745,7 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   metrics_ << j.dump() << '\n';
   metrics_.flush();
   if (!metrics_) WriteFailed(o_.run.metrics());
+  if (telemetry_) telemetry_->OnMetricsLine(j);
   if (kind == "final") {
     if (Record* r = Find(sender)) r->final_report = stats;
   } else if (kind == "summary") {
@@ -872,6 +893,14 @@ Status Head::Impl::Run() {
       progress_.SetGenerationRate(tok_s);
       if (o_.print && o_.live_progress) o_.print(progress_.Line());
     }
+    if (telemetry_ && telemetry_->Due()) {
+      if (auto line = telemetry_->Tick(Snapshot(), progress_.Stats(), JobState())) {
+        metrics_ << line->dump() << '\n';
+        metrics_.flush();
+        if (!metrics_) WriteFailed(o_.run.metrics());
+        telemetry_->OnMetricsLine(*line);
+      }
+    }
   }
   // Drain what the actors said last (final reports).
   HandleMessages();
@@ -916,9 +945,20 @@ void Head::Impl::WriteSummary() {
   metrics_.flush();
   // (The job is over: a summary that cannot be written is printed anyway.)
   if (!metrics_ && o_.print) o_.print("cannot write the job summary to " + o_.run.metrics());
+  if (telemetry_) {
+    telemetry_->OnMetricsLine(j);
+    telemetry_->Finish(Snapshot(), progress_.Stats(),
+                       !summary_.failure.empty() ? "failed"
+                       : summary_.stopped        ? "stopped"
+                                                 : "finished");
+  }
   if (o_.print) {
     for (auto& line : progress_.SummaryLines(summary_.learner_summary, acc)) o_.print(line);
   }
+}
+
+std::string Head::Impl::JobState() const {
+  return shutting_down_ ? "stopping" : "running";
 }
 
 std::vector<ActorStatus> Head::Impl::Snapshot() const {
@@ -955,6 +995,9 @@ Result<std::unique_ptr<Head>> Head::Create(HeadOptions options,
 
 const std::string& Head::endpoint() const {
   return impl_->endpoint();
+}
+std::string Head::dashboard_url() const {
+  return impl_->dashboard_url();
 }
 Status Head::Run() {
   return impl_->Run();

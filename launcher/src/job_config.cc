@@ -427,6 +427,10 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("broadcast", &c.broadcast, "weight broadcast from the learner to rollout actors");
   b.Section("checkpoint", &c.checkpoint, "learner checkpoints");
   b.Section("stop", &c.stop, "when the job ends");
+  b.Section("dashboard", &c.dashboard, "the head's web dashboard and Prometheus /metrics");
+  b.Section("tensorboard", &c.tensorboard, "TensorBoard event files in RUN/tb/");
+  b.Section("rollout_samples", &c.rollout_samples,
+            "a sample of every update's sequences in RUN/rollouts.jsonl");
   if (b.mode() != Binder::Mode::kRead) return;
 
   // ---- cross-section validation (each component's own rules first)

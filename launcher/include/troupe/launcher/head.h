@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "troupe/launcher/job_spec.h"
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
+#include "troupe/launcher/telemetry.h"
 #include "troupe/transport/socket.h"
 
 namespace troupe::launcher {
@@ -50,6 +52,9 @@ struct HeadOptions {
   std::function<void(const std::string&)> print = nullptr;
   // Role whose clean exit (code 0) means the job is complete. Empty: none.
   std::string completion_role = "learner";
+  // Dashboard, Prometheus /metrics, TensorBoard files, rollouts.jsonl and
+  // status.json (telemetry.h). Unset: none of them.
+  std::optional<TelemetryOptions> telemetry;
 };
 
 // One actor as the head sees it (also what `troupe status` shows).
@@ -83,6 +88,8 @@ class Head {
 
   // The control endpoint actors and the CLI connect to.
   const std::string& endpoint() const;
+  // The dashboard's URL ("" without one).
+  std::string dashboard_url() const;
 
   // Spawns the initial actors and supervises until the job completes, is
   // stopped, or fails. Returns ok for completed/stopped jobs, the failure
