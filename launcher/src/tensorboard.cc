@@ -75,6 +75,27 @@ tb::Event EventAt(int64_t step, double wall_time) {
   return e;
 }
 
+// A histogram summary: its statistics, then bucket i counting (edges[i-1], edges[i]]
+// (the last bucket's limit is DBL_MAX).
+tb::Event HistogramEvent(const std::string& tag, int64_t step, double wall_time, double lo,
+                         double hi, double num, double sum, double sum_squares,
+                         const std::vector<double>& edges, const std::vector<double>& counts) {
+  tb::Event e = EventAt(step, wall_time);
+  auto* v = e.mutable_summary()->add_value();
+  v->set_tag(tag);
+  auto* h = v->mutable_histo();
+  h->set_min(lo);
+  h->set_max(hi);
+  h->set_num(num);
+  h->set_sum(sum);
+  h->set_sum_squares(sum_squares);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    h->add_bucket_limit(i < edges.size() ? edges[i] : DBL_MAX);
+    h->add_bucket(counts[i]);
+  }
+  return e;
+}
+
 }  // namespace
 
 Status TbWriter::AddScalar(const std::string& tag, int64_t step, double value, double wall_time) {
@@ -89,10 +110,6 @@ Status TbWriter::AddHistogram(const std::string& tag, int64_t step,
                               const std::vector<double>& values, const std::vector<double>& edges,
                               double wall_time) {
   if (values.empty()) return Status::Ok();
-  tb::Event e = EventAt(step, wall_time);
-  auto* v = e.mutable_summary()->add_value();
-  v->set_tag(tag);
-  auto* h = v->mutable_histo();
   std::vector<double> counts(edges.size() + 1, 0.0);
   double lo = values[0], hi = values[0], sum = 0, sq = 0;
   for (double x : values) {
@@ -104,16 +121,9 @@ Status TbWriter::AddHistogram(const std::string& tag, int64_t step,
     size_t i = static_cast<size_t>(std::lower_bound(edges.begin(), edges.end(), x) - edges.begin());
     counts[i] += 1;
   }
-  h->set_min(lo);
-  h->set_max(hi);
-  h->set_num(static_cast<double>(values.size()));
-  h->set_sum(sum);
-  h->set_sum_squares(sq);
-  for (size_t i = 0; i < counts.size(); ++i) {
-    h->add_bucket_limit(i < edges.size() ? edges[i] : DBL_MAX);
-    h->add_bucket(counts[i]);
-  }
-  return WriteRecord(e.SerializeAsString());
+  return WriteRecord(HistogramEvent(tag, step, wall_time, lo, hi,
+                                    static_cast<double>(values.size()), sum, sq, edges, counts)
+                         .SerializeAsString());
 }
 
 Status TbWriter::AddIntegerHistogram(const std::string& tag, int64_t step,
@@ -170,20 +180,8 @@ Status TbWriter::AddBucketCounts(const std::string& tag, int64_t step,
     sq += counts[i] * mid * mid;
   }
   if (!any) return Status::Ok();
-  tb::Event e = EventAt(step, wall_time);
-  auto* v = e.mutable_summary()->add_value();
-  v->set_tag(tag);
-  auto* h = v->mutable_histo();
-  h->set_min(lo);
-  h->set_max(hi);
-  h->set_num(num);
-  h->set_sum(sum);
-  h->set_sum_squares(sq);
-  for (size_t i = 0; i < counts.size(); ++i) {
-    h->add_bucket_limit(i < edges.size() ? edges[i] : DBL_MAX);
-    h->add_bucket(counts[i]);
-  }
-  return WriteRecord(e.SerializeAsString());
+  return WriteRecord(HistogramEvent(tag, step, wall_time, lo, hi, num, sum, sq, edges, counts)
+                         .SerializeAsString());
 }
 
 Status TbWriter::AddText(const std::string& tag, int64_t step, const std::string& text,
