@@ -1,7 +1,11 @@
-// LlamaModel: a Llama/Qwen2-style decoder-only transformer in libtorch.
+// LlamaModel: a Llama 3 / Qwen2 / Qwen3-style decoder-only transformer in libtorch.
 //
 //   tokens ─▶ embed ─▶ [RMSNorm ─▶ GQA attention (RoPE) ─▶ + ─▶ RMSNorm ─▶ SwiGLU ─▶ +] × L
 //          ─▶ RMSNorm ─▶ head (tied to embed, or lm_head) ─▶ float32 logits
+//
+// Family differences (ModelConfig): Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm of
+// queries and keys before RoPE (q_norm/k_norm), Llama 3.1+ scales RoPE frequencies
+// (rope_scaling llama3); head_dim may differ from d_model / n_heads (Qwen3).
 //
 // One model serves two callers: the learner trains it through Forward()
 // (autograd, full sequences), and the generation engine runs Prefill()/Decode()
@@ -129,7 +133,7 @@ class LlamaModel : public torch::nn::Module {
                      KvCache& cache);
 
   // Every parameter under its Hugging Face name, in a fixed order: embed_tokens, then per
-  // layer input_layernorm, q/k/v(/biases)/o_proj, post_attention_layernorm,
+  // layer input_layernorm, q/k/v(/biases)/o_proj, q_norm/k_norm (Qwen3), post_attention_layernorm,
   // gate/up/down_proj, then model.norm and (untied only) lm_head. The tensors share
   // storage with the parameters (writes under torch::NoGradGuard change the model).
   NamedTensors NamedWeights() const;
@@ -147,7 +151,7 @@ class LlamaModel : public torch::nn::Module {
 
  private:
   struct Layer {
-    torch::Tensor input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w;
+    torch::Tensor input_norm, qkv_w, qkv_b, o_w, q_norm, k_norm, post_norm, gate_up_w, down_w;
   };
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos,
