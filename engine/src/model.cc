@@ -338,7 +338,7 @@ torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch
 
 // ------------------------------------------------------------------ forward paths
 
-torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
+torch::Tensor LlamaModel::ForwardHidden(const torch::Tensor& ids_in) {
   TORCH_CHECK(ids_in.dim() == 2, "Forward expects ids [B, T], got ", ids_in.sizes());
   const int64_t T = ids_in.size(1);
   TORCH_CHECK(T >= 1 && T <= config_.max_seq_len, "sequence length ", T,
@@ -346,7 +346,15 @@ torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
   at::Tensor ids = ids_in.to(embed_.device(), at::kLong);
   at::Tensor x = at::embedding(embed_, ids);
   x = RunLayers(x, nullptr, at::Tensor());
-  return Head(RmsNorm(x, final_norm_));
+  return RmsNorm(x, final_norm_);
+}
+
+torch::Tensor LlamaModel::HeadLogits(const torch::Tensor& hidden) const {
+  return Head(hidden);
+}
+
+torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
+  return Head(ForwardHidden(ids_in));
 }
 
 torch::Tensor LlamaModel::Prefill(const torch::Tensor& ids, const torch::Tensor& lengths,

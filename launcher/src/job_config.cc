@@ -163,11 +163,12 @@ void Describe(config::Binder& b, WorkspaceConfig& c) {
 void Describe(config::Binder& b, TaskConfig& c) {
   b.Field("name", &c.name, "task name samples carry and verifiers are looked up by");
   b.Field("kind", &c.kind,
-          "reverse | sort | add | word_problem | jsonl | file_reverse | file_sort | wordle (empty: "
+          "reverse | sort | add | word_problem | gsm8k | jsonl | file_reverse | file_sort | wordle (empty: "
           "name)");
   b.Field("seed", &c.seed, "seed of prompt generation and of the held-out split");
   b.Field("eval_size", &c.eval_size, "held-out prompts");
-  b.Field("scoring", &c.scoring, "exact | partial | external (reward service)");
+  b.Field("scoring", &c.scoring,
+          "exact | partial | numeric (final number, from \\boxed{} or ####) | external (reward service)");
   b.Field("prompt_style", &c.prompt_style,
           "compact (short, for char models) | verbose (English instruction)");
   b.Field("min_len", &c.min_len, "letters per word, at least (reverse, sort, file tasks)");

@@ -100,6 +100,14 @@ class LlamaModel : public torch::nn::Module {
   // [B, T, vocab_size], differentiable w.r.t. the parameters. Throws c10::Error on
   // bad shapes or ids outside the vocabulary (use CheckTokens first for untrusted input).
   torch::Tensor Forward(const torch::Tensor& ids);
+  // Forward without the output head: the final-normed hidden states [B, T, d_model]
+  // (model dtype), differentiable. With HeadLogits, callers that need logits at a few
+  // positions only (a learner scoring response tokens) skip the vocab_size x d_model matmul
+  // everywhere else -- with a 150k-token vocabulary, most of a small model's compute.
+  torch::Tensor ForwardHidden(const torch::Tensor& ids);
+  // The output head (tied embedding or lm_head) on hidden rows [..., d_model]: float32
+  // logits [..., vocab_size]. Forward(ids) == HeadLogits(ForwardHidden(ids)).
+  torch::Tensor HeadLogits(const torch::Tensor& hidden) const;
 
   // Checks an id tensor for Forward/Prefill: 1-D or 2-D integer, at most max_seq_len long,
   // every id in [0, vocab_size). The error names the first offending id and position.
