@@ -83,7 +83,7 @@ int RunExport(const std::string& runs_dir, const ExportArgs& a) {
   quiet.level = spdlog::level::warn;
   log::Init("troupe", quiet);
   auto fail = [](const std::string& msg, int code) {
-    std::cerr << "troupe export: " << msg << "\n";
+    std::cerr << "troupe: export: " << msg << "\n";
     return code;
   };
   auto shard = ParseByteSize(a.max_shard_size);

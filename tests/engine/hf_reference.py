@@ -20,6 +20,8 @@ float64.
          those logits must match this script's forward of DIR within 1e-4.
   logits DIR --tokens JSON_LIST --out FILE
          the reference logits of DIR for the given tokens.
+  load   DIR  loads every tensor of DIR into float32 torch tensors (the benchmark's peer)
+         and prints the seconds it took.
 
 Presets (sizes of the published checkpoints; layers are cut down with --layers):
   qwen3-0.6b    Qwen3ForCausalLM: hidden 1024, 16 heads / 8 KV heads, head_dim 128 (!= 1024/16),
@@ -355,6 +357,10 @@ def cmd_make(a):
                 total += t.numel() * t.element_size()
         with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    if a.no_reference:
+        print("hf_reference: wrote %s (%s, %d tensors, %d shards, no reference logits)" % (
+            a.out, a.preset, len(tensors), 1 if limit is None else len(shards)))
+        return
     g = torch.Generator().manual_seed(a.seed + 1)
     tokens = torch.randint(0, c["vocab_size"], (a.tokens,), generator=g).tolist()
     config, loaded = load_folder(a.out)
@@ -410,6 +416,16 @@ def cmd_check(a):
     print("hf_reference check: " + msg)
 
 
+def cmd_load(a):
+    import time
+    t0 = time.perf_counter()
+    _, tensors = load_folder(a.dir)
+    loaded = {name: to_tensor(e).to(torch.float32) for name, e in tensors.items()}
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "tensors": len(loaded),
+                      "parameters": sum(t.numel() for t in loaded.values())}))
+
+
 def cmd_logits(a):
     config, tensors = load_folder(a.dir)
     write_logits(a.out, forward(config, tensors, json.loads(a.tokens)))
@@ -428,6 +444,7 @@ def main():
     m.add_argument("--untied", action="store_true")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--tokens", type=int, default=24)
+    m.add_argument("--no-reference", action="store_true")
     c = sub.add_parser("check")
     c.add_argument("dir")
     c.add_argument("--against", required=True)
@@ -436,9 +453,11 @@ def main():
     l.add_argument("dir")
     l.add_argument("--tokens", required=True)
     l.add_argument("--out", required=True)
+    ld = sub.add_parser("load")
+    ld.add_argument("dir")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    {"make": cmd_make, "check": cmd_check, "logits": cmd_logits}[a.cmd](a)
+    {"make": cmd_make, "check": cmd_check, "logits": cmd_logits, "load": cmd_load}[a.cmd](a)
 
 
 if __name__ == "__main__":

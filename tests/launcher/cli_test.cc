@@ -116,6 +116,11 @@ TEST_F(CliTest, BadInvocationsAndBadFilesAreOneLineErrorsWithExitTwo) {
       {{"scale"}, "ROLE=COUNT"},
       {{"stop", "nosuch"}, "unknown run"},
       {{"run", "@ok.yaml", "--bogus-flag"}, "bogus-flag"},
+      {{"export"}, "--to is required"},
+      {{"export", "nosuch", "--to", "@out"}, "unknown run"},
+      {{"export", "--to", "@out", "--max-shard-size", "5XB"}, "unknown unit"},
+      {{"export", "--to", "@out", "--max-shard-size", "0"}, "must be > 0"},
+      {{"export", "--to", "@out", "--checkpoint", "abc"}, "--checkpoint"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args;
