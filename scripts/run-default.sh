@@ -5,10 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh
+# Only what the job runs (the CLI and the actor host), not every test and
+# benchmark: the test command builds those.
+TROUPE_BUILD_TARGETS="troupe troupe-actor" scripts/build.sh
 BUILD_DIR="${TROUPE_BUILD_DIR:-build}"
-if [ -x "$BUILD_DIR/launcher/troupe" ]; then
-  exec "$BUILD_DIR/launcher/troupe" run configs/tiny_reverse.yaml "$@"
-fi
-# Until the launcher exists, the transport benchmark is the demo.
-exec "$BUILD_DIR/bench/transport/bench_transport" "$@"
+exec "$BUILD_DIR/launcher/troupe" run configs/tiny_reverse.yaml "$@"

@@ -76,7 +76,9 @@ class CreditBook {
     bool any = true;
     while (cap >= unit_ && any) {
       any = false;
-      for (auto& [peer, want] : pending_) {
+      for (auto& entry : pending_) {
+        const std::string& peer = entry.first;
+        int64_t& want = entry.second;
         if (cap < unit_) break;
         if (want < unit_) continue;
         want -= unit_;

@@ -19,20 +19,20 @@
 // again with their fate, never trained twice) and its timers.
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <set>
 #include <cstdio>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "async_broadcaster.h"
 #include "batch_codec.h"
 #include "batch_ledger.h"
 #include "credit_book.h"
 #include "role_common.h"
 #include "roles.h"
+#include "rollout_sampler.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
 #include "troupe/engine/engine.h"
@@ -49,78 +49,6 @@ namespace {
 spdlog::logger& Log() {
   return log::Get("learner");
 }
-
-// Publishes weight versions on a background thread, coalescing: while one
-// broadcast runs, only the newest pending version is kept.
-class AsyncBroadcaster {
- public:
-  explicit AsyncBroadcaster(broadcast::WeightSender* sender)
-      : sender_(sender), thread_([this] { Loop(); }) {}
-  ~AsyncBroadcaster() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  // Snapshots `named` (the learner keeps training) and queues it.
-  void Publish(uint64_t version, const engine::NamedTensors& named) {
-    broadcast::NamedTensors copy;
-    copy.reserve(named.size());
-    for (const auto& [n, t] : named) copy.emplace_back(n, t.detach().clone());
-    std::lock_guard<std::mutex> g(mu_);
-    next_version_ = version;
-    next_ = std::move(copy);
-    has_next_ = true;
-    cv_.notify_all();
-  }
-  // Blocks until everything queued was broadcast (or the deadline).
-  bool WaitIdle(Deadline deadline) {
-    std::unique_lock<std::mutex> l(mu_);
-    return cv_.wait_until(l, deadline.at(), [&] { return !has_next_ && !busy_; });
-  }
-  uint64_t published() const { return published_.load(); }
-  uint64_t failures() const { return failures_.load(); }
-  double last_seconds() const { return last_seconds_.load(); }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> l(mu_);
-    while (true) {
-      cv_.wait(l, [&] { return stop_ || has_next_; });
-      if (stop_) return;
-      uint64_t v = next_version_;
-      broadcast::NamedTensors named = std::move(next_);
-      has_next_ = false;
-      busy_ = true;
-      l.unlock();
-      auto t0 = std::chrono::steady_clock::now();
-      Status s = sender_->Broadcast(v, named, Deadline::InMs(60000));
-      last_seconds_ = SecondsSince(t0);
-      if (s.ok()) {
-        published_ = v;
-      } else {
-        failures_.fetch_add(1);
-        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "broadcast of version {} failed: {}",
-                            v, s.ToString());
-      }
-      l.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-
-  broadcast::WeightSender* sender_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false, has_next_ = false, busy_ = false;
-  uint64_t next_version_ = 0;
-  broadcast::NamedTensors next_;
-  std::atomic<uint64_t> published_{0}, failures_{0};
-  std::atomic<double> last_seconds_{0};
-  std::thread thread_;
-};
 
 struct EvalResult {
   double accuracy = 0, reward = 0;
@@ -176,6 +104,8 @@ class LearnerRole {
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
   std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
+  // A sample of every update's accepted sequences -> head -> RUN/rollouts.jsonl (dashboard).
+  RolloutSampler rollouts_{job_, ctx_.tokenizer.get(), DeriveSeed(job_.seed, "rollout-samples")};
   std::string ckpt_root_;
   Status fatal_;  // a failure that must end the role (ledger or checkpoint I/O)
 
@@ -251,6 +181,7 @@ class LearnerRole {
   uint64_t skipped_updates_ = 0;          // updates with no learning signal (every group uniform)
   uint64_t ack_checkpoints_ = 0;          // early checkpoints taken to release acks
   uint64_t redelivered_decided_ = 0;      // copies of batches the ledger had decided (answered)
+  uint64_t copies_of_held_ = 0;           // copies of batches still waiting for their answer
   std::map<std::string, std::chrono::steady_clock::time_point>
       absent_since_;  // rollout actors holding grants, missing from the directory since
 };
@@ -305,7 +236,7 @@ Status LearnerRole::Setup() {
   bc.store_host = ctx_.bind_host;
   bc.gloo_hostname = ctx_.bind_host;
   bc.actor_id = rt_.options().actor_id;
-  TROUPE_ASSIGN_OR_RETURN(sender_, broadcast::WeightSender::Create(bc));
+  TROUPE_ASSIGN_OR_RETURN(sender_, broadcast::WeightSender::Create(bc, net_));
   broadcaster_ = std::make_unique<AsyncBroadcaster>(sender_.get());
 
   credits_ =
@@ -615,6 +546,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   // restarted learner): answered with the first copy when that is answered,
   // or now with the fate the ledger recorded. Never offered again.
   if (Held* first = Unanswered(id)) {
+    ++copies_of_held_;
     first->deliveries.push_back(std::move(d));
     return;
   }
@@ -662,6 +594,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   Held h{id, source, credited, sequences - n_unscored};
   h.unscored = n_unscored;
   if (adm.ok()) {
+    rollouts_.Offer(rt_, m, learner_->version(), RlUpdates() + 1);
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);
     return;
@@ -734,6 +667,8 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
   s["broadcast_s"] = broadcaster_->last_seconds();
   nlohmann::json extra;
   extra["lag_histogram"] = m.lag_histogram;
+  extra["group_rewards"] = m.group_rewards;  // (TensorBoard histograms)
+  extra["is_weight_histogram"] = {{"edges", trainer::IsWeightEdges()}, {"counts", m.is_weight_histogram}};
   rt_.SendMetrics("train", RlUpdates(), m.version, s, extra.dump());
   rt_.SetStat("train_tokens_per_s", m.tokens_per_s());
   rt_.SetPolicyVersion(learner_->version());
@@ -980,7 +915,8 @@ void LearnerRole::Finish() {
   fin["unreadable_batches"] = static_cast<double>(invalid_unreadable_);
   fin["unreadable_sequences"] = static_cast<double>(invalid_unreadable_seqs_);
   fin["queued_sequences"] = 0;
-  fin["duplicates"] = static_cast<double>(c.duplicate_batches + redelivered_decided_);
+  fin["duplicates"] =
+      static_cast<double>(c.duplicate_batches + redelivered_decided_ + copies_of_held_);
   fin["skipped_updates"] = static_cast<double>(skipped_updates_);
   fin["ack_checkpoints"] = static_cast<double>(ack_checkpoints_);
   fin["ledger_batches"] = static_cast<double>(ledger_->size());
@@ -1053,7 +989,9 @@ Status LearnerRole::Run() {
                     {"credits_granted", static_cast<double>(credits_->granted())},
                     {"skipped_updates", static_cast<double>(skipped_updates_)},
                     {"ack_checkpoints", static_cast<double>(ack_checkpoints_)},
-                    {"duplicates", static_cast<double>(c.duplicate_batches)},
+                    {"duplicates", static_cast<double>(c.duplicate_batches +
+                                                       redelivered_decided_ + copies_of_held_)},
+                    {"copies_of_held", static_cast<double>(copies_of_held_)},
                     {"broadcast_failures", static_cast<double>(broadcaster_->failures())},
                     {"redelivered_decided", static_cast<double>(redelivered_decided_)},
                     {"unreadable_batches", static_cast<double>(invalid_unreadable_)}};

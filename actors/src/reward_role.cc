@@ -17,6 +17,7 @@
 #include "role_common.h"
 #include "roles.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/envs/scorer.h"
 #include "troupe/transport/reliable.h"
 
@@ -50,12 +51,12 @@ class RewardRole {
   std::string learner_id_, learner_ep_;
   uint64_t seen_epoch_ = 0;
 
-  std::mutex mu_;
+  Mutex mu_;
   // Batch id -> the rollout deliveries awaiting the learner: the first, then
   // copies re-sent under new sequence numbers. All get the learner's one
   // answer, so the rollout actor never counts a batch resolved before the
   // learner decided it.
-  std::map<std::string, std::vector<transport::Delivery>> upstream_;
+  std::map<std::string, std::vector<transport::Delivery>> upstream_ TROUPE_GUARDED_BY(mu_);
   std::atomic<uint64_t> scored_{0}, forwarded_{0}, invalid_seqs_{0}, acked_{0}, rejected_{0};
   RateMeter rate_;
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
@@ -65,7 +66,7 @@ void RewardRole::OnOutcome(const transport::DeliveryOutcome& o) {
   std::string id = o.message.reader().getBody().getScoredBatch().getRollout().getBatchId();
   std::vector<transport::Delivery> ups;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = upstream_.find(id);
     if (it == upstream_.end()) return;
     ups = std::move(it->second);
@@ -111,7 +112,7 @@ void RewardRole::Handle(transport::Delivery d) {
     return;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = upstream_.find(batch_id);
     if (it != upstream_.end()) {
       // The same batch again under a new sequence number (re-routed): not
@@ -146,7 +147,7 @@ void RewardRole::Handle(transport::Delivery d) {
   scored_.fetch_add(n);
   rate_.Add(n);
   {
-    std::lock_guard<std::mutex> l(mu_);  // Handle runs on one thread: no copy came meanwhile
+    MutexLock l(mu_);  // Handle runs on one thread: no copy came meanwhile
     upstream_[batch_id].push_back(std::move(d));
   }
   // Blocks while the outbox is full: backpressure reaches the rollout actors.
@@ -162,7 +163,7 @@ void RewardRole::Handle(transport::Delivery d) {
     }
     SyncDirectory();
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   upstream_.erase(batch_id);  // not forwarded: the rollout actor keeps it and re-sends it
 }
 
@@ -172,7 +173,7 @@ void RewardRole::UpdateStats() {
   auto st = sender_->stats();
   size_t waiting;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     waiting = upstream_.size();
   }
   std::map<std::string, double> s = {{"scored_per_s", rate_.Update()},
@@ -212,7 +213,7 @@ Status RewardRole::Run() {
     auto quiet = std::chrono::steady_clock::now();
     while (!deadline.expired()) {
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         if (upstream_.empty()) break;
       }
       uint64_t now = acked_.load() + rejected_.load();

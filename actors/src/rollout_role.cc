@@ -32,6 +32,7 @@
 #include "troupe/broadcast/receiver.h"
 #include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/engine/engine.h"
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/sampler.h"
@@ -151,8 +152,8 @@ class RolloutRole {
   uint64_t next_serial_ = 0;
   std::optional<envs::PromptStream> prompts_;  // this incarnation's own weighted task mix
   std::map<uint64_t, GroupInfo> in_flight_;
-  std::mutex done_mu_;
-  std::deque<FinishedGroup> done_;  // filled on the engine thread
+  Mutex done_mu_;
+  std::deque<FinishedGroup> done_ TROUPE_GUARDED_BY(done_mu_);  // filled on the engine thread
   std::vector<FinishedGroup> ready_;
   uint64_t batches_sent_ = 0;
 
@@ -175,10 +176,10 @@ class RolloutRole {
   // Multi-turn episodes (started on the first multi-turn group).
   std::vector<std::unique_ptr<envs::EpisodeDriver>> drivers_;
   std::vector<std::thread> episode_workers_;
-  std::mutex episode_mu_;
-  std::condition_variable episode_cv_;
-  std::deque<EpisodeGroup> episode_queue_;  // guarded by episode_mu_
-  bool episode_stop_ = false;               // guarded by episode_mu_
+  Mutex episode_mu_;
+  CondVar episode_cv_;
+  std::deque<EpisodeGroup> episode_queue_ TROUPE_GUARDED_BY(episode_mu_);
+  bool episode_stop_ TROUPE_GUARDED_BY(episode_mu_) = false;
 };
 
 Status RolloutRole::Setup() {
@@ -248,10 +249,11 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     auto* engine = engine_.get();
     // The learner is the authority on versions: a learner restarted from an
     // older checkpoint sends a lower version, and it replaces ours.
-    auto r = broadcast::WeightReceiver::Create(rc, [engine](const broadcast::ReceivedWeights& w) {
-      return engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
-                                   /*allow_rollback=*/true);
-    });
+    auto r =
+        broadcast::WeightReceiver::Create(rc, net_, [engine](const broadcast::ReceivedWeights& w) {
+          return engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
+                                       /*allow_rollback=*/true);
+        });
     if (r.ok())
       receiver_ = std::move(r).value();
     else
@@ -353,7 +355,7 @@ Status RolloutRole::SubmitGroups() {
         first_submit_cpu_ = ProcessCpuSeconds();
       }
       {
-        std::lock_guard<std::mutex> l(episode_mu_);
+        MutexLock l(episode_mu_);
         episode_queue_.push_back(std::move(eg));
       }
       episode_cv_.notify_one();
@@ -395,7 +397,7 @@ Status RolloutRole::SubmitGroups() {
             sr.finish = WireFinish(r.finish_reason);
             f.seqs.push_back(std::move(sr));
           }
-          std::lock_guard<std::mutex> l(done_mu_);
+          MutexLock l(done_mu_);
           done_.push_back(std::move(f));
         });
     if (!s.ok()) {
@@ -422,7 +424,7 @@ void RolloutRole::StartEpisodeWorkers() {
 
 void RolloutRole::StopEpisodeWorkers() {
   {
-    std::lock_guard<std::mutex> l(episode_mu_);
+    MutexLock l(episode_mu_);
     episode_stop_ = true;
   }
   episode_cv_.notify_all();
@@ -435,10 +437,12 @@ void RolloutRole::EpisodeWorker(envs::EpisodeDriver* driver) {
   while (true) {
     std::vector<EpisodeGroup> take;
     {
-      std::unique_lock<std::mutex> l(episode_mu_);
+      MutexLock l(episode_mu_);
       // Bounded wait; the loop re-checks (stop requests also notify).
-      episode_cv_.wait_for(l, std::chrono::milliseconds(200),
-                           [&] { return episode_stop_ || !episode_queue_.empty(); });
+      episode_cv_.wait_until(l, Clock::now() + std::chrono::milliseconds(200),
+                             [&]() TROUPE_REQUIRES(episode_mu_) {
+                               return episode_stop_ || !episode_queue_.empty();
+                             });
       if (episode_stop_) return;
       while (!episode_queue_.empty()) {
         take.push_back(std::move(episode_queue_.front()));
@@ -504,7 +508,7 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
       }
     }
     if (--left[gi] == 0) {
-      std::lock_guard<std::mutex> l(done_mu_);
+      MutexLock l(done_mu_);
       done_.push_back(std::move(f));
     }
   };
@@ -517,7 +521,7 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
 void RolloutRole::CollectFinished() {
   std::deque<FinishedGroup> got;
   {
-    std::lock_guard<std::mutex> l(done_mu_);
+    MutexLock l(done_mu_);
     got.swap(done_);
   }
   for (auto& g : got) {

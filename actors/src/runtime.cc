@@ -203,7 +203,9 @@ Status ActorRuntime::Register(Deadline deadline) {
     MutexLock l(mu_);
     bool done =
         cv_.wait_until(l, std::min(limit.at(), Clock::now() + std::chrono::milliseconds(1000)),
-                       [&] { return registered_ || !refusal_.empty() || should_exit(); });
+                       [&]() TROUPE_REQUIRES(mu_) {
+                         return registered_ || !refusal_.empty() || should_exit();
+                       });
     if (registered_) return Status::Ok();
     if (!refusal_.empty()) return Unavailable("the head refused registration: {}", refusal_);
     if (should_exit())
@@ -222,7 +224,9 @@ DirectorySnapshot ActorRuntime::directory() const {
 
 uint64_t ActorRuntime::WaitDirectory(uint64_t seen_epoch, Deadline deadline) const {
   MutexLock l(mu_);
-  cv_.wait_until(l, deadline.at(), [&] { return directory_.epoch > seen_epoch || should_exit(); });
+  cv_.wait_until(l, deadline.at(), [&]() TROUPE_REQUIRES(mu_) {
+    return directory_.epoch > seen_epoch || should_exit();
+  });
   return directory_.epoch;
 }
 

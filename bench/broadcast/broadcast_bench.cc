@@ -19,7 +19,9 @@
 // usage: broadcast_bench [--sizes 10,100,400] [--receivers 1,2,4] [--repeats 3]
 //                        [--backends gloo_chain,...] [--netns --learner-host A
 //                         --receiver-hosts B,C,.. --receiver-netns n1,n2,.. --link-iface IF]
-//                        [--chunk-kb 1024] [--bucket-mb 32] [--warmups 2] [--hwm 16]
+//                        [--chunk-kb 1024] [--bucket-mb 32] [--warmups 2] [--hwm 16] [--curve]
+//   --curve  every process's network uses CURVE (as a multi-node job does): the zmq paths
+//            and every control message are encrypted and authenticated
 // Receivers are this binary re-executed with --receiver. Ends with one JSON line.
 #include <algorithm>
 #include <chrono>
@@ -42,11 +44,45 @@
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
 #include "troupe/transport/allocator.h"
+#include "troupe/transport/curve.h"
+#include "troupe/transport/zmq_network.h"
 
 namespace troupe::broadcast {
 namespace {
 
 using troupe::testing::ChildProcess;
+
+// "CURVE <server public> <server secret> <client public> <client secret>" (a receiver reads it
+// on stdin, as an actor gets its keys), and the options it stands for.
+std::string CurveLine(const transport::CurveOptions& c) {
+  return fmt::format("CURVE {} {} {} {}", c.server.public_key, c.server.secret_key,
+                     c.client.public_key, c.client.secret_key);
+}
+
+transport::CurveOptions ParseCurveLine(const std::string& line) {
+  std::istringstream in(line);
+  std::string tag;
+  transport::CurveOptions c;
+  in >> tag >> c.server.public_key >> c.server.secret_key >> c.client.public_key >>
+      c.client.secret_key;
+  c.enabled = tag == "CURVE";
+  if (c.enabled) c.allowed_client_public_keys = {c.client.public_key};
+  return c;
+}
+
+// Every process has one network, as an actor does (CURVE on every socket with --curve).
+std::unique_ptr<transport::Network> MakeNetwork(const std::string& actor,
+                                                const transport::CurveOptions& curve) {
+  transport::ZmqNetworkOptions o;
+  o.identity.actor_id = actor;
+  o.curve = curve;
+  auto net = transport::NewZmqNetwork(o);
+  if (!net.ok()) {
+    std::fprintf(stderr, "network: %s\n", net.status().ToString().c_str());
+    std::exit(1);
+  }
+  return std::move(net).value();
+}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -76,6 +112,7 @@ struct Options {
   uint64_t bucket_bytes = BroadcastConfig().bucket_bytes;
   int warmups = 2;  // untimed rounds first: every buffer (both shm slots) touched once
   int hwm = BroadcastConfig().zmq_hwm_chunks;
+  bool curve = false;  // CURVE on every socket of every process (the multi-node setting)
 };
 
 // ----------------------------------------------------------------- receiver process
@@ -90,8 +127,14 @@ int RunReceiver(int argc, char** argv) {
   log::Options lo;
   lo.level = spdlog::level::warn;
   log::Init(a["id"], lo);
+  transport::CurveOptions curve;
+  if (a["curve"] == "stdin") {
+    std::string line;
+    std::getline(std::cin, line);
+    curve = ParseCurveLine(line);
+  }
+  auto net = MakeNetwork(a["id"], curve);
   ReceiverConfig rc;
-  rc.actor_id = a["id"];
   rc.learner_endpoint = a["endpoint"];
   rc.data_endpoint = "tcp://" + a["host"] + ":0";
   rc.gloo_hostname = a["host"];
@@ -110,7 +153,7 @@ int RunReceiver(int argc, char** argv) {
     }
     return Status::Ok();
   };
-  auto r = WeightReceiver::Create(rc, sink);
+  auto r = WeightReceiver::Create(rc, *net, sink);
   if (!r.ok()) {
     std::printf("ERROR %s\n", r.status().ToString().c_str());
     return 2;
@@ -210,6 +253,20 @@ int RunLearner(const Options& o, const std::string& self) {
     double s = limits[mb]->Seconds3();
     std::printf("memcpy %4d MB: %.4f s (%.2f GB/s)\n", mb, s, mb / 1e3 / s);
   }
+  transport::CurveOptions curve;
+  if (o.curve) {
+    auto server = transport::GenerateCurveKeyPair();
+    auto client = transport::GenerateCurveKeyPair();
+    if (!server.ok() || !client.ok()) {
+      std::fprintf(stderr, "curve keys: %s\n", server.status().ToString().c_str());
+      return 1;
+    }
+    curve.enabled = true;
+    curve.server = *server;
+    curve.client = *client;
+    curve.allowed_client_public_keys = {client->public_key};
+  }
+  auto net = MakeNetwork("learner", curve);
   std::vector<Row> rows;
   for (const std::string& name : o.backends) {
     Spec spec = ParseSpec(name);
@@ -228,7 +285,7 @@ int RunLearner(const Options& o, const std::string& self) {
       cfg.bucket_bytes = o.bucket_bytes;
       cfg.member_timeout_ms = 120000;
       cfg.shm_prefix = fmt::format("/troupe-bench-{}", ::getpid());
-      auto sender = WeightSender::Create(cfg);
+      auto sender = WeightSender::Create(cfg, *net);
       if (!sender.ok()) {
         std::fprintf(stderr, "%s: %s\n", name.c_str(), sender.status().ToString().c_str());
         return 1;
@@ -244,12 +301,14 @@ int RunLearner(const Options& o, const std::string& self) {
             self,
             {"--receiver", fmt::format("id=rollout-{}", i), "endpoint=" + (*sender)->endpoint(),
              "host=" + host, spec.copy ? "mode=copy" : "mode=view", fmt::format("hwm={}", o.hwm),
-             fmt::format("device={}", i + 1)},  // nccl: one GPU per rank, learner on GPU 0
+             fmt::format("device={}", i + 1),  // nccl: one GPU per rank, learner on GPU 0
+             o.curve ? "curve=stdin" : "curve=off"},
             prefix);
         if (!c.ok()) {
           std::fprintf(stderr, "spawn: %s\n", c.status().ToString().c_str());
           return 1;
         }
+        if (o.curve) (*c)->Send(CurveLine(curve)).IgnoreError();
         children.push_back(std::move(c).value());
       }
       for (auto& c : children) {
@@ -312,6 +371,7 @@ int RunLearner(const Options& o, const std::string& self) {
   nlohmann::json j;
   j["bench"] = "broadcast";
   j["mode"] = o.netns ? "netns" : "host";
+  j["curve"] = o.curve;
   nlohmann::json results = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json x{{"backend", r.backend},
@@ -401,6 +461,8 @@ int main(int argc, char** argv) {
       o.warmups = std::stoi(next());
     else if (a == "--hwm")
       o.hwm = std::stoi(next());
+    else if (a == "--curve")
+      o.curve = true;
     else {
       std::fprintf(stderr, "unknown argument %s (see the file comment)\n", a.c_str());
       return 2;

@@ -77,11 +77,8 @@ Result<Backend> ParseBackend(std::string_view name) {
 }
 
 bool BackendCompiled(Backend b) {
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-  return true;
-#else
-  return b != Backend::kNccl;
-#endif
+  // TROUPE_BROADCAST_NCCL_BUILT (0 or 1) comes from broadcast/CMakeLists.txt.
+  return b != Backend::kNccl || TROUPE_BROADCAST_NCCL_BUILT != 0;
 }
 
 const char* WireDtypeName(WireDtype d) {
@@ -124,6 +121,9 @@ Status BroadcastConfig::Validate() const {
                            kMaxBucket);
   if (chunk_bytes < kMinChunk || chunk_bytes > kMaxChunk)
     return InvalidArgument("chunk_bytes = {} outside [{}, {}]", chunk_bytes, kMinChunk, kMaxChunk);
+  if (chunk_bytes % 8 != 0)
+    return InvalidArgument("chunk_bytes = {} is not a multiple of 8 (chunks are sent in place)",
+                           chunk_bytes);
   TROUPE_RETURN_IF_ERROR(CheckPositive("timeout_ms", timeout_ms, 10, 3600 * 1000));
   TROUPE_RETURN_IF_ERROR(CheckPositive("heartbeat_ms", heartbeat_ms, 1, 600 * 1000));
   TROUPE_RETURN_IF_ERROR(
@@ -138,12 +138,12 @@ Status BroadcastConfig::Validate() const {
       shm_prefix.find('/', 1) != std::string::npos || shm_prefix.size() > 100)
     return InvalidArgument("shm_prefix '{}' must be '/name' (no further '/', at most 100 chars)",
                            shm_prefix);
-  TROUPE_RETURN_IF_ERROR(CheckActorId("actor_id", actor_id));
+  if (!actor_id.empty()) TROUPE_RETURN_IF_ERROR(CheckActorId("actor_id", actor_id));
   return Status::Ok();
 }
 
 Status ReceiverConfig::Validate() const {
-  TROUPE_RETURN_IF_ERROR(CheckActorId("actor_id", actor_id));
+  if (!actor_id.empty()) TROUPE_RETURN_IF_ERROR(CheckActorId("actor_id", actor_id));
   if (learner_endpoint.empty()) return InvalidArgument("learner_endpoint is empty");
   TROUPE_RETURN_IF_ERROR(CheckEndpoint("learner_endpoint", learner_endpoint, false));
   TROUPE_RETURN_IF_ERROR(CheckEndpoint("data_endpoint", data_endpoint, false));

@@ -377,6 +377,12 @@ Status VerifyChecksums(const Layout& layout, const uint8_t* flat) {
   return Status::Ok();
 }
 
+uint64_t StreamChecksum(const Layout& layout) {
+  if (layout.checksums.empty()) return 0;
+  return Checksum64(layout.checksums.data(), layout.checksums.size() * sizeof(uint64_t),
+                    layout.version);
+}
+
 uint64_t CastAreaBytes(const Layout& layout) {
   uint64_t bytes = 0;
   for (const Slot& s : layout.slots) {

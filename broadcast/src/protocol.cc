@@ -1,46 +1,231 @@
-// Cap'n Proto encoding of the broadcast control messages (protocol.h).
+// Transport encoding of the broadcast messages (protocol.h).
 #include "protocol.h"
 
-#include <cstring>
-
-#include <capnp/message.h>
-#include <capnp/serialize.h>
 #include <kj/exception.h>
 
-#include "troupe/core/deadline.h"
 #include "troupe/wire/troupe.capnp.h"
 
 namespace troupe::broadcast::proto {
 namespace {
 
-// Upper bounds on what a peer may make us decode.
-constexpr size_t kMaxMessageBytes = size_t{256} << 20;
-constexpr size_t kMaxMembers = 1 << 16;
 constexpr size_t kMaxSlots = size_t{1} << 22;
-constexpr size_t kMaxText = 4096;
+constexpr size_t kMaxStoreKeys = 4096;
 
-wire::Envelope::Builder Start(capnp::MallocMessageBuilder& mb, const Header& h) {
-  auto env = mb.initRoot<wire::Envelope>();
-  env.setSchemaVersion(wire::SCHEMA_VERSION);
+transport::OutMessage Start(const Header& h, size_t size_hint = 0) {
+  transport::OutMessage out =
+      size_hint > 0 ? transport::OutMessage(size_hint) : transport::OutMessage();
+  auto env = out.envelope();
   env.setSender(h.sender);
   env.setIncarnation(h.incarnation);
-  env.setSendTimeNs(WallTimeNs());
-  return env;
-}
-
-Bytes Finish(capnp::MallocMessageBuilder& mb) {
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(mb);
-  auto bytes = words.asBytes();
-  return Bytes(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+  return out;
 }
 
 std::string Text(capnp::Text::Reader t, const char* field) {
   if (t.size() > kMaxText)
-    throw std::length_error(fmt::format("{} longer than {}", field, kMaxText));
+    throw std::length_error(fmt::format("{} longer than {} bytes", field, kMaxText));
   return std::string(t.cStr(), t.size());
 }
 
+std::string Bytes(capnp::Data::Reader d) {
+  return std::string(reinterpret_cast<const char*>(d.begin()), d.size());
+}
+
+capnp::Data::Reader AsData(const std::string& s) {
+  return capnp::Data::Reader(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
+wire::StoreOp ToWire(StoreOp op) {
+  switch (op) {
+    case StoreOp::kSet:
+      return wire::StoreOp::SET;
+    case StoreOp::kGet:
+      return wire::StoreOp::GET;
+    case StoreOp::kAdd:
+      return wire::StoreOp::ADD;
+    case StoreOp::kCheck:
+      return wire::StoreOp::CHECK;
+    case StoreOp::kWait:
+      return wire::StoreOp::WAIT;
+    case StoreOp::kDeleteKey:
+      return wire::StoreOp::DELETE_KEY;
+    case StoreOp::kNumKeys:
+      return wire::StoreOp::NUM_KEYS;
+    case StoreOp::kCompareSet:
+      return wire::StoreOp::COMPARE_SET;
+  }
+  return wire::StoreOp::GET;
+}
+
+Result<StoreOp> FromWire(wire::StoreOp op) {
+  switch (op) {
+    case wire::StoreOp::SET:
+      return StoreOp::kSet;
+    case wire::StoreOp::GET:
+      return StoreOp::kGet;
+    case wire::StoreOp::ADD:
+      return StoreOp::kAdd;
+    case wire::StoreOp::CHECK:
+      return StoreOp::kCheck;
+    case wire::StoreOp::WAIT:
+      return StoreOp::kWait;
+    case wire::StoreOp::DELETE_KEY:
+      return StoreOp::kDeleteKey;
+    case wire::StoreOp::NUM_KEYS:
+      return StoreOp::kNumKeys;
+    case wire::StoreOp::COMPARE_SET:
+      return StoreOp::kCompareSet;
+  }
+  return ProtocolError("unknown store operation {}", static_cast<int>(op));
+}
+
+Status DecodeRegister(wire::Register::Reader r, const std::string& sender, RegisterMsg* out) {
+  out->node = Text(r.getNode(), "node");
+  out->pid = r.getPid();
+  out->version = r.getPolicyVersion();
+  for (auto ep : r.getEndpoints())
+    if (ep.getName() == "weights-data") out->data_endpoint = Text(ep.getAddress(), "endpoint");
+  if (r.getActorId().size() == 0 || r.getActorId() != sender)
+    return ProtocolError("Register.actorId '{}' differs from the envelope sender '{}'",
+                         Text(r.getActorId(), "actorId"), sender);
+  return Status::Ok();
+}
+
+PeerState DecodeState(wire::ActorState s) {
+  switch (s) {
+    case wire::ActorState::DRAINING:
+    case wire::ActorState::STOPPING:
+      return PeerState::kLeaving;
+    case wire::ActorState::EXITED:
+    case wire::ActorState::FAILED:
+      return PeerState::kExited;
+    case wire::ActorState::LOST:
+      return PeerState::kUnknown;
+    default:
+      return PeerState::kAlive;
+  }
+}
+
+Status DecodeGroup(wire::BroadcastGroup::Reader g, GroupMsg* out) {
+  out->epoch = g.getEpoch();
+  out->backend = Text(g.getBackend(), "backend");
+  if (g.getMembers().size() > kMaxMembers || g.getMemberEndpoints().size() > kMaxMembers)
+    return ResourceExhausted("BroadcastGroup with more than {} members", kMaxMembers);
+  for (auto m : g.getMembers()) out->members.push_back(Text(m, "member"));
+  for (auto e : g.getMemberEndpoints()) out->endpoints.push_back(Text(e, "endpoint"));
+  out->store_address = Text(g.getStoreAddress(), "storeAddress");
+  out->store_prefix = Text(g.getStorePrefix(), "storePrefix");
+  out->nccl_id = Bytes(g.getNcclUniqueId());
+  out->timeout_ms = g.getTimeoutMs();
+  out->algorithm = Text(g.getAlgorithm(), "algorithm");
+  return Status::Ok();
+}
+
+Status DecodeManifest(wire::WeightsManifest::Reader w, ManifestMsg* out) {
+  Layout& l = out->layout;
+  l.version = w.getVersion();
+  l.transfer = w.getEpoch();
+  switch (w.getWireDtype()) {
+    case wire::DType::FLOAT32:
+      l.wire_dtype = WireDtype::kAsStored;
+      break;
+    case wire::DType::BFLOAT16:
+      l.wire_dtype = WireDtype::kBFloat16;
+      break;
+    default:
+      return Malformed("manifest wireDtype {} (float32 or bfloat16 expected)",
+                       static_cast<int>(w.getWireDtype()));
+  }
+  l.bucket_bytes = w.getBucketBytes();
+  l.chunk_bytes = w.getChunkBytes();
+  l.total_bytes = w.getTotalBytes();
+  if (l.bucket_bytes == 0) return Malformed("manifest bucketBytes is 0");
+  auto tensors = w.getTensors();
+  if (tensors.size() > kMaxSlots)
+    return ResourceExhausted("manifest lists {} tensors (max {})", tensors.size(), kMaxSlots);
+  l.slots.reserve(tensors.size());
+  for (auto t : tensors) {
+    Slot s;
+    s.name = Text(t.getName(), "tensor name");
+    auto dt = static_cast<int>(t.getDtype());
+    if (dt < 0 || dt >= kNumDTypes)
+      return Malformed("tensor '{}' has unknown dtype ordinal {}", s.name, dt);
+    s.dtype = static_cast<DType>(dt);
+    s.wire = (l.wire_dtype == WireDtype::kBFloat16 && s.dtype == DType::kFloat32) ? DType::kBFloat16
+                                                                                  : s.dtype;
+    auto shape = t.getShape();
+    if (shape.size() > 64) return Malformed("tensor '{}' has {} dims", s.name, shape.size());
+    for (auto d : shape) s.shape.push_back(d);
+    uint64_t base = static_cast<uint64_t>(t.getBucket()) * l.bucket_bytes;
+    if (base / l.bucket_bytes != t.getBucket() || base + t.getOffset() < base)
+      return Malformed("tensor '{}' position overflows", s.name);
+    s.offset = base + t.getOffset();
+    s.bytes = t.getBytes();
+    l.slots.push_back(std::move(s));
+  }
+  auto sums = w.getBucketChecksums();
+  if (sums.size() > kMaxSlots) return ResourceExhausted("too many bucket checksums");
+  for (auto c : sums) l.checksums.push_back(c);
+  out->shm_segment = Text(w.getShmSegment(), "shmSegment");
+  out->shm_offset = w.getShmOffset();
+  out->shm_generation = w.getShmGeneration();
+  l.token = w.getChunkToken();
+  return Status::Ok();
+}
+
+Status DecodeChunk(wire::WeightsChunk::Reader c, ChunkMsg* out) {
+  out->version = c.getVersion();
+  out->transfer = c.getTransfer();
+  out->bucket = c.getBucket();
+  out->bucket_offset = c.getOffset();
+  out->last = c.getLast();
+  out->token = c.getToken();
+  if (c.hasData() && c.getData().size() > 0)
+    return ProtocolError("WeightsChunk carries inline data; the bytes belong in `payload`");
+  if (!c.hasPayload()) return ProtocolError("WeightsChunk without a payload");
+  TROUPE_ASSIGN_OR_RETURN(out->payload,
+                          transport::ReadTensor(c.getPayload(), "weightsChunk.payload"));
+  if (out->payload.dtype != wire::DType::UINT8 || out->payload.rank() != 1)
+    return ProtocolError("WeightsChunk payload must be a 1-d uint8 tensor");
+  return Status::Ok();
+}
+
+Status DecodeStoreRequest(wire::StoreRequest::Reader r, StoreRequestMsg* out) {
+  out->id = r.getId();
+  TROUPE_ASSIGN_OR_RETURN(out->op, FromWire(r.getOp()));
+  if (r.getKeys().size() > kMaxStoreKeys)
+    return ResourceExhausted("store request with {} keys (max {})", r.getKeys().size(),
+                             kMaxStoreKeys);
+  for (auto k : r.getKeys()) out->keys.push_back(Text(k, "store key"));
+  out->value = Bytes(r.getValue());
+  out->expected = Bytes(r.getExpected());
+  out->delta = r.getDelta();
+  out->timeout_ms = r.getTimeoutMs();
+  return Status::Ok();
+}
+
 }  // namespace
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kRegister:
+      return "register";
+    case Kind::kHeartbeat:
+      return "heartbeat";
+    case Kind::kGroup:
+      return "broadcastGroup";
+    case Kind::kManifest:
+      return "weightsManifest";
+    case Kind::kAck:
+      return "ack";
+    case Kind::kChunk:
+      return "weightsChunk";
+    case Kind::kStoreRequest:
+      return "storeRequest";
+    case Kind::kStoreReply:
+      return "storeReply";
+  }
+  return "?";
+}
 
 bool ChunkMsg::Absolute(uint64_t bucket_bytes, uint64_t* out) const {
   uint64_t base = static_cast<uint64_t>(bucket) * bucket_bytes;
@@ -50,9 +235,10 @@ bool ChunkMsg::Absolute(uint64_t bucket_bytes, uint64_t* out) const {
   return true;
 }
 
-Bytes EncodeRegister(const Header& h, const RegisterMsg& m) {
-  capnp::MallocMessageBuilder mb;
-  auto r = Start(mb, h).initBody().initRegister();
+transport::OutMessage EncodeRegister(const Header& h, const RegisterMsg& m) {
+  auto out = Start(h);
+  auto env = out.envelope();
+  auto r = env.initBody().initRegister();
   r.setActorId(h.sender);
   r.setRole(wire::Role::ROLLOUT);
   r.setNode(m.node);
@@ -61,12 +247,13 @@ Bytes EncodeRegister(const Header& h, const RegisterMsg& m) {
   eps[0].setName("weights-data");
   eps[0].setAddress(m.data_endpoint);
   r.setPolicyVersion(m.version);
-  return Finish(mb);
+  return out;
 }
 
-Bytes EncodeHeartbeat(const Header& h, const HeartbeatMsg& m) {
-  capnp::MallocMessageBuilder mb;
-  auto hb = Start(mb, h).initBody().initHeartbeat();
+transport::OutMessage EncodeHeartbeat(const Header& h, const HeartbeatMsg& m) {
+  auto out = Start(h);
+  auto env = out.envelope();
+  auto hb = env.initBody().initHeartbeat();
   switch (m.state) {
     case PeerState::kAlive:
       hb.setState(wire::ActorState::READY);
@@ -82,12 +269,13 @@ Bytes EncodeHeartbeat(const Header& h, const HeartbeatMsg& m) {
       break;
   }
   hb.setPolicyVersion(m.version);
-  return Finish(mb);
+  return out;
 }
 
-Bytes EncodeGroup(const Header& h, const GroupMsg& m) {
-  capnp::MallocMessageBuilder mb;
-  auto g = Start(mb, h).initBody().initBroadcastGroup();
+transport::OutMessage EncodeGroup(const Header& h, const GroupMsg& m) {
+  auto out = Start(h);
+  auto env = out.envelope();
+  auto g = env.initBody().initBroadcastGroup();
   g.setEpoch(m.epoch);
   g.setBackend(m.backend);
   auto members = g.initMembers(static_cast<unsigned>(m.members.size()));
@@ -95,18 +283,19 @@ Bytes EncodeGroup(const Header& h, const GroupMsg& m) {
   auto eps = g.initMemberEndpoints(static_cast<unsigned>(m.endpoints.size()));
   for (size_t i = 0; i < m.endpoints.size(); ++i) eps.set(i, m.endpoints[i]);
   g.setStoreAddress(m.store_address);
-  if (!m.nccl_id.empty())
-    g.setNcclUniqueId(
-        capnp::Data::Reader(reinterpret_cast<const uint8_t*>(m.nccl_id.data()), m.nccl_id.size()));
+  g.setStorePrefix(m.store_prefix);
+  if (!m.nccl_id.empty()) g.setNcclUniqueId(AsData(m.nccl_id));
   g.setTimeoutMs(m.timeout_ms);
   g.setAlgorithm(m.algorithm);
-  return Finish(mb);
+  return out;
 }
 
-Bytes EncodeManifest(const Header& h, const ManifestMsg& m) {
-  capnp::MallocMessageBuilder mb;
-  auto w = Start(mb, h).initBody().initWeightsManifest();
+transport::OutMessage EncodeManifest(const Header& h, const ManifestMsg& m) {
   const Layout& l = m.layout;
+  // One first segment for the whole manifest (~100 bytes per tensor): fewer far pointers.
+  auto out = Start(h, 1024 + l.slots.size() * 128 + l.checksums.size() * 8);
+  auto env = out.envelope();
+  auto w = env.initBody().initWeightsManifest();
   w.setVersion(l.version);
   w.setEpoch(l.transfer);
   w.setWireDtype(l.wire_dtype == WireDtype::kBFloat16 ? wire::DType::BFLOAT16
@@ -131,12 +320,14 @@ Bytes EncodeManifest(const Header& h, const ManifestMsg& m) {
   w.setShmSegment(m.shm_segment);
   w.setShmOffset(m.shm_offset);
   w.setShmGeneration(m.shm_generation);
-  return Finish(mb);
+  w.setChunkToken(l.token);
+  return out;
 }
 
-Bytes EncodeAck(const Header& h, const AckMsg& m) {
-  capnp::MallocMessageBuilder mb;
-  auto a = Start(mb, h).initBody().initAck();
+transport::OutMessage EncodeAck(const Header& h, const AckMsg& m) {
+  auto out = Start(h);
+  auto env = out.envelope();
+  auto a = env.initBody().initAck();
   auto seqs = a.initSeqs(2);
   seqs.set(0, m.version);
   seqs.set(1, m.transfer);
@@ -146,178 +337,119 @@ Bytes EncodeAck(const Header& h, const AckMsg& m) {
     rej[0].setReason(m.reason.substr(0, kMaxText));
   }
   a.setReceiverIncarnation(h.incarnation);
-  return Finish(mb);
+  return out;
 }
 
-Bytes EncodeChunk(const Header& h, const ChunkMsg& m) {
-  capnp::MallocMessageBuilder mb;
-  auto c = Start(mb, h).initBody().initWeightsChunk();
+Result<transport::OutMessage> EncodeChunk(const Header& h, const ChunkMsg& m,
+                                          transport::TensorBytes payload) {
+  auto out = Start(h);
+  auto env = out.envelope();
+  auto c = env.initBody().initWeightsChunk();
   c.setVersion(m.version);
   c.setBucket(m.bucket);
   c.setOffset(m.bucket_offset);
   c.setLast(m.last);
   c.setTransfer(m.transfer);
-  return Finish(mb);
+  c.setToken(m.token);
+  const int64_t n = static_cast<int64_t>(payload.bytes);
+  TROUPE_RETURN_IF_ERROR(
+      out.SetTensor(c.initPayload(), wire::DType::UINT8, {n}, std::move(payload)));
+  return out;
 }
 
-Result<Message> Decode(const void* data, size_t size) {
-  if (size == 0) return Malformed("empty message");
-  if (size % sizeof(capnp::word) != 0)
-    return Malformed("message of {} bytes is not a whole number of 8-byte words", size);
-  if (size > kMaxMessageBytes)
-    return ResourceExhausted("message of {} bytes exceeds {}", size, kMaxMessageBytes);
-  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
-  std::memcpy(words.begin(), data, size);
+transport::OutMessage EncodeStoreRequest(const Header& h, const StoreRequestMsg& m) {
+  size_t hint = 256 + m.value.size() + m.expected.size();
+  for (const auto& k : m.keys) hint += k.size() + 16;
+  auto out = Start(h, hint);
+  auto env = out.envelope();
+  auto r = env.initBody().initStoreRequest();
+  r.setId(m.id);
+  r.setOp(ToWire(m.op));
+  auto keys = r.initKeys(static_cast<unsigned>(m.keys.size()));
+  for (size_t i = 0; i < m.keys.size(); ++i) keys.set(i, m.keys[i]);
+  r.setValue(AsData(m.value));
+  r.setExpected(AsData(m.expected));
+  r.setDelta(m.delta);
+  r.setTimeoutMs(m.timeout_ms);
+  return out;
+}
+
+transport::OutMessage EncodeStoreReply(const Header& h, const StoreReplyMsg& m) {
+  auto out = Start(h, 256 + m.value.size() + m.error.size());
+  auto env = out.envelope();
+  auto r = env.initBody().initStoreReply();
+  r.setId(m.id);
+  r.setOk(m.ok);
+  r.setError(m.error.substr(0, kMaxText));
+  r.setValue(AsData(m.value));
+  r.setNumber(m.number);
+  return out;
+}
+
+Result<Message> Decode(const transport::InMessage& in) {
   Message out;
   try {
-    capnp::ReaderOptions opts;
-    opts.traversalLimitInWords = words.size() * 4 + 4096;
-    capnp::FlatArrayMessageReader reader(words.asPtr(), opts);
-    auto env = reader.getRoot<wire::Envelope>();
-    if (env.getSchemaVersion() != wire::SCHEMA_VERSION)
-      return ProtocolError("schema version {} (this build speaks {})", env.getSchemaVersion(),
-                           wire::SCHEMA_VERSION);
+    auto env = in.envelope();
     out.sender = Text(env.getSender(), "sender");
     out.incarnation = env.getIncarnation();
     auto body = env.getBody();
+    Status st = Status::Ok();
     switch (body.which()) {
-      case wire::Envelope::Body::REGISTER: {
-        auto r = body.getRegister();
+      case wire::Envelope::Body::REGISTER:
         out.kind = Kind::kRegister;
-        out.reg.node = Text(r.getNode(), "node");
-        out.reg.pid = r.getPid();
-        out.reg.version = r.getPolicyVersion();
-        for (auto ep : r.getEndpoints())
-          if (ep.getName() == "weights-data") out.reg.data_endpoint = Text(ep.getAddress(), "ep");
-        if (!r.getActorId().size() || r.getActorId() != env.getSender())
-          return ProtocolError("Register.actorId '{}' differs from the envelope sender '{}'",
-                               Text(r.getActorId(), "actorId"), out.sender);
+        st = DecodeRegister(body.getRegister(), out.sender, &out.reg);
         break;
-      }
-      case wire::Envelope::Body::HEARTBEAT: {
-        auto hb = body.getHeartbeat();
+      case wire::Envelope::Body::HEARTBEAT:
         out.kind = Kind::kHeartbeat;
-        switch (hb.getState()) {
-          case wire::ActorState::DRAINING:
-          case wire::ActorState::STOPPING:
-            out.heartbeat.state = PeerState::kLeaving;
-            break;
-          case wire::ActorState::EXITED:
-          case wire::ActorState::FAILED:
-            out.heartbeat.state = PeerState::kExited;
-            break;
-          case wire::ActorState::LOST:
-            out.heartbeat.state = PeerState::kUnknown;
-            break;
-          default:
-            out.heartbeat.state = PeerState::kAlive;
-            break;
-        }
-        out.heartbeat.version = hb.getPolicyVersion();
+        out.heartbeat.state = DecodeState(body.getHeartbeat().getState());
+        out.heartbeat.version = body.getHeartbeat().getPolicyVersion();
         break;
-      }
-      case wire::Envelope::Body::BROADCAST_GROUP: {
-        auto g = body.getBroadcastGroup();
+      case wire::Envelope::Body::BROADCAST_GROUP:
         out.kind = Kind::kGroup;
-        out.group.epoch = g.getEpoch();
-        out.group.backend = Text(g.getBackend(), "backend");
-        if (g.getMembers().size() > kMaxMembers || g.getMemberEndpoints().size() > kMaxMembers)
-          return ResourceExhausted("BroadcastGroup with more than {} members", kMaxMembers);
-        for (auto m : g.getMembers()) out.group.members.push_back(Text(m, "member"));
-        for (auto e : g.getMemberEndpoints()) out.group.endpoints.push_back(Text(e, "endpoint"));
-        out.group.store_address = Text(g.getStoreAddress(), "storeAddress");
-        auto id = g.getNcclUniqueId();
-        out.group.nccl_id.assign(reinterpret_cast<const char*>(id.begin()), id.size());
-        out.group.timeout_ms = g.getTimeoutMs();
-        out.group.algorithm = Text(g.getAlgorithm(), "algorithm");
+        st = DecodeGroup(body.getBroadcastGroup(), &out.group);
         break;
-      }
-      case wire::Envelope::Body::WEIGHTS_MANIFEST: {
-        auto w = body.getWeightsManifest();
+      case wire::Envelope::Body::WEIGHTS_MANIFEST:
         out.kind = Kind::kManifest;
-        Layout& l = out.manifest.layout;
-        l.version = w.getVersion();
-        l.transfer = w.getEpoch();
-        switch (w.getWireDtype()) {
-          case wire::DType::FLOAT32:
-            l.wire_dtype = WireDtype::kAsStored;
-            break;
-          case wire::DType::BFLOAT16:
-            l.wire_dtype = WireDtype::kBFloat16;
-            break;
-          default:
-            return Malformed("manifest wireDtype {} (float32 or bfloat16 expected)",
-                             static_cast<int>(w.getWireDtype()));
-        }
-        l.bucket_bytes = w.getBucketBytes();
-        l.chunk_bytes = w.getChunkBytes();
-        l.total_bytes = w.getTotalBytes();
-        if (l.bucket_bytes == 0) return Malformed("manifest bucketBytes is 0");
-        auto tensors = w.getTensors();
-        if (tensors.size() > kMaxSlots)
-          return ResourceExhausted("manifest lists {} tensors (max {})", tensors.size(), kMaxSlots);
-        l.slots.reserve(tensors.size());
-        for (auto t : tensors) {
-          Slot s;
-          s.name = Text(t.getName(), "tensor name");
-          auto dt = static_cast<int>(t.getDtype());
-          if (dt < 0 || dt >= kNumDTypes)
-            return Malformed("tensor '{}' has unknown dtype ordinal {}", s.name, dt);
-          s.dtype = static_cast<DType>(dt);
-          s.wire = (l.wire_dtype == WireDtype::kBFloat16 && s.dtype == DType::kFloat32)
-                       ? DType::kBFloat16
-                       : s.dtype;
-          auto shape = t.getShape();
-          if (shape.size() > 64) return Malformed("tensor '{}' has {} dims", s.name, shape.size());
-          for (auto d : shape) s.shape.push_back(d);
-          uint64_t base = static_cast<uint64_t>(t.getBucket()) * l.bucket_bytes;
-          if (base / l.bucket_bytes != t.getBucket() || base + t.getOffset() < base)
-            return Malformed("tensor '{}' position overflows", s.name);
-          s.offset = base + t.getOffset();
-          s.bytes = t.getBytes();
-          l.slots.push_back(std::move(s));
-        }
-        auto sums = w.getBucketChecksums();
-        if (sums.size() > kMaxSlots) return ResourceExhausted("too many bucket checksums");
-        for (auto c : sums) l.checksums.push_back(c);
-        out.manifest.shm_segment = Text(w.getShmSegment(), "shmSegment");
-        out.manifest.shm_offset = w.getShmOffset();
-        out.manifest.shm_generation = w.getShmGeneration();
+        st = DecodeManifest(body.getWeightsManifest(), &out.manifest);
         break;
-      }
       case wire::Envelope::Body::ACK: {
-        auto a = body.getAck();
         out.kind = Kind::kAck;
+        auto a = body.getAck();
         auto seqs = a.getSeqs();
         if (seqs.size() != 2)
           return ProtocolError("weights Ack carries {} seqs (expected [version, transfer])",
                                seqs.size());
         out.ack.version = seqs[0];
         out.ack.transfer = seqs[1];
-        auto rej = a.getRejected();
-        if (rej.size() > 0) {
+        if (a.getRejected().size() > 0) {
           out.ack.ok = false;
-          out.ack.reason = Text(rej[0].getReason(), "reason");
+          out.ack.reason = Text(a.getRejected()[0].getReason(), "reason");
         }
         break;
       }
-      case wire::Envelope::Body::WEIGHTS_CHUNK: {
-        auto c = body.getWeightsChunk();
+      case wire::Envelope::Body::WEIGHTS_CHUNK:
         out.kind = Kind::kChunk;
-        out.chunk.version = c.getVersion();
-        out.chunk.transfer = c.getTransfer();
-        out.chunk.bucket = c.getBucket();
-        out.chunk.bucket_offset = c.getOffset();
-        out.chunk.last = c.getLast();
-        if (c.hasData() && c.getData().size() > 0)
-          return ProtocolError(
-              "WeightsChunk carries inline data; the payload must be its own frame");
+        st = DecodeChunk(body.getWeightsChunk(), &out.chunk);
+        break;
+      case wire::Envelope::Body::STORE_REQUEST:
+        out.kind = Kind::kStoreRequest;
+        st = DecodeStoreRequest(body.getStoreRequest(), &out.store_request);
+        break;
+      case wire::Envelope::Body::STORE_REPLY: {
+        out.kind = Kind::kStoreReply;
+        auto r = body.getStoreReply();
+        out.store_reply.id = r.getId();
+        out.store_reply.ok = r.getOk();
+        out.store_reply.error = Text(r.getError(), "error");
+        out.store_reply.value = Bytes(r.getValue());
+        out.store_reply.number = r.getNumber();
         break;
       }
       default:
-        return ProtocolError("unexpected message kind (union ordinal {}) on the weights channel",
-                             static_cast<int>(body.which()));
+        return ProtocolError("a {} message is not part of the weight broadcast",
+                             transport::KindName(body.which()));
     }
+    if (!st.ok()) return st;
   } catch (const kj::Exception& e) {
     return Malformed("undecodable envelope: {}", e.getDescription().cStr());
   } catch (const std::exception& e) {

@@ -1,30 +1,24 @@
-// WeightSender: membership, epochs, catch-up and the learner's side of every
-// backend (sender.h). All socket and group work happens on the service thread.
+// WeightSender: membership, epochs, catch-up and acknowledgements (sender.h).
+// The bytes move through the backend's SenderPath (data_path.h); every socket
+// is a transport socket on the learner's network. All socket and group work
+// happens on the service thread.
 #include "troupe/broadcast/sender.h"
 
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <map>
-#include <random>
 #include <set>
 #include <thread>
 
 #include "buffer_pool.h"
-#include "gloo_group.h"
+#include "chunk_stream.h"
+#include "data_path.h"
 #include "protocol.h"
 #include "reaper.h"
-#include "shm_segment.h"
 #include "troupe/broadcast/layout.h"
 #include "troupe/core/check.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
-#include "zmq_util.h"
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-#include "nccl_group.h"
-#endif
+#include "troupe/transport/socket.h"
 
 namespace troupe::broadcast {
 namespace {
@@ -40,18 +34,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::string HostName() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
-
-uint64_t RandomIncarnation() {
-  std::random_device rd;
-  uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
-  return v == 0 ? 1 : v;
-}
-
 std::string Join(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
@@ -62,10 +44,12 @@ std::string Join(const std::vector<std::string>& v) {
 
 class WeightSender::Impl {
  public:
-  explicit Impl(const BroadcastConfig& config)
+  Impl(const BroadcastConfig& config, transport::Network& network)
       : config_(config),
+        network_(network),
+        id_(config.actor_id.empty() ? network.identity().actor_id : config.actor_id),
         timeout_(config.timeout_ms),
-        incarnation_(RandomIncarnation()),
+        incarnation_(transport::RandomIncarnation()),
         node_(config.node.empty() ? HostName() : config.node) {}
 
   ~Impl() { Stop(); }
@@ -114,6 +98,7 @@ class WeightSender::Impl {
 
   struct Member {
     std::string id;
+    std::string route;  // its control connection's identity: replies go there, nowhere else
     uint64_t incarnation = 0;
     std::string node;
     std::string data_endpoint;
@@ -125,35 +110,35 @@ class WeightSender::Impl {
     int catch_up_failures = 0;        // consecutive; dropped after kMaxCatchUpFailures
     uint64_t acked_version = 0;
     uint64_t accepted_epoch = 0;
-    uint64_t ack_transfer = 0;  // last Ack received
-    uint64_t ack_version = 0;
-    bool ack_ok = false;
-    std::string ack_reason;
+    struct Ack {
+      bool ok = false;
+      std::string reason;
+    };
+    // By (transfer, version): a late ack of an earlier transfer changes nothing.
+    std::map<std::pair<uint64_t, uint64_t>, Ack> acks;
   };
 
   // --- service thread
   void Run();
   void PollControl(int timeout_ms);
-  void HandleFrame(const std::string& identity, const std::string& payload);
-  bool SendTo(const std::string& id, const proto::Bytes& bytes);
+  void Handle(const transport::Incoming& in);
+  void HandleRegister(const transport::Incoming& in, const proto::Message& msg);
+  void Refuse(const std::string& route, const std::string& sender, const std::string& why);
+  bool SendTo(const std::string& id, const transport::OutMessage& msg);
   void MaybeKeepalive();
   void CheckTimeouts();
   void RunCatchUps();
   Status CatchUp(Member& m);
   Status Reform(Deadline deadline);
-  Status FormBackendGroup(uint64_t epoch, const std::vector<std::string>& members,
-                          const proto::GroupMsg& group, Deadline deadline);
   void RunJob(Job& job);
   Status PackCurrent(const Job& job, BroadcastReport* report);
   Status Transfer(Deadline deadline, BroadcastReport* report);
   Status WaitAcks(const std::vector<std::string>& ids, uint64_t version, uint64_t transfer,
                   Deadline deadline);
-  // `preemptible`: give up (Cancelled) as soon as a Broadcast job is waiting (catch-ups).
-  Status SendStream(const std::vector<std::string>& endpoints, const Layout& layout,
-                    const uint8_t* data, const std::shared_ptr<void>& owner, Deadline deadline,
-                    bool preemptible = false);
-  Result<ZmqSocket*> DataSocket(const std::string& endpoint);
-  void CloseUnusedDataSockets();
+  std::vector<PathMember> PathMembers(const std::vector<std::string>& ids);
+  // Served while a path or a chunk stream blocks; `preemptible`: also true when a
+  // Broadcast is waiting (catch-ups yield to it).
+  Interrupt ServeWhileBlocked(bool preemptible = false);
   void DropMember(const std::string& id, const char* why);
   void MarkDirty() {
     dirty_ = true;
@@ -164,7 +149,10 @@ class WeightSender::Impl {
     return it == members_.end() ? nullptr : &it->second;
   }
   void Publish();
-  proto::Header header() const { return proto::Header{config_.actor_id, incarnation_}; }
+  proto::Header header() const { return proto::Header{id_, incarnation_}; }
+  transport::OutMessage Keepalive(PeerState state = PeerState::kAlive) const {
+    return proto::EncodeHeartbeat(header(), {state, current_.version});
+  }
   bool stopping() {
     MutexLock l(mu_);
     return stop_;
@@ -176,6 +164,8 @@ class WeightSender::Impl {
   static constexpr int kMaxCatchUpFailures = 5;
 
   const BroadcastConfig config_;
+  transport::Network& network_;
+  const std::string id_;
   const std::chrono::milliseconds timeout_;
   const uint64_t incarnation_;
   const std::string node_;
@@ -194,22 +184,15 @@ class WeightSender::Impl {
   uint64_t version_snapshot_ TROUPE_GUARDED_BY(mu_) = 0;
   SenderStats stats_snapshot_ TROUPE_GUARDED_BY(mu_);
   Mutex broadcast_mu_;  // serialises Broadcast callers
-  int wake_fd_ = -1;    // eventfd: a job is waiting
   std::thread thread_;
 
-  // Service-thread state.
-  ZmqContext ctx_;
-  ZmqSocket control_;
-  std::map<std::string, ZmqSocket> data_sockets_;  // by receiver data endpoint
-  std::unique_ptr<GlooStore> store_;
-  std::shared_ptr<GlooGroup> gloo_;
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-  std::shared_ptr<NcclGroup> nccl_;
-  std::string nccl_id_;
-#endif
-  std::shared_ptr<ShmWriter> shm_;
-  int shm_slot_ = 1;             // slot of the current version
-  uint64_t shm_generation_ = 0;  // its generation
+  // Service-thread state (sockets are created in Start, before the thread exists).
+  std::unique_ptr<transport::Socket> control_;
+  std::unique_ptr<transport::Poller> poller_;  // control_; Wake() when a job or stop arrives
+  BufferPool pool_{2};
+  Reaper reaper_;
+  std::unique_ptr<ChunkSender> chunks_;  // catch-ups, zmq, shm members on other nodes
+  std::unique_ptr<SenderPath> path_;     // the backend
   std::map<std::string, Member> members_;
   std::vector<std::string> group_;  // members of the current epoch, rank = index + 1
   uint64_t epoch_ = 0;              // current (last formed) epoch
@@ -219,40 +202,35 @@ class WeightSender::Impl {
   uint64_t changes_ = 0;            // MarkDirty() calls (detects changes during a Reform)
   Clock::time_point next_reform_;   // backoff after a failed re-formation
   Clock::time_point last_keepalive_;
-  BufferPool pool_{2};
-  Layout current_;  // layout of the current version
-  std::shared_ptr<void> current_owner_;
-  uint8_t* current_data_ = nullptr;
+  Layout current_;         // layout of the current version
+  Stream current_stream_;  // where it is packed
   bool have_current_ = false;
   uint64_t catch_up_counter_ = 0;
+  uint64_t last_traced_ = 0;  // last version whose stream checksum was logged
   SenderStats stats_;
-  Reaper reaper_;
 };
 
 // ----------------------------------------------------------------- lifecycle
 
 Status WeightSender::Impl::Start() {
-  TROUPE_ASSIGN_OR_RETURN(control_, ZmqSocket::Create(ctx_, ZMQ_ROUTER));
-  TROUPE_RETURN_IF_ERROR(control_.SetInt(ZMQ_ROUTER_MANDATORY, 1));
-  TROUPE_RETURN_IF_ERROR(control_.SetInt(ZMQ_ROUTER_HANDOVER, 1));
-  TROUPE_RETURN_IF_ERROR(control_.SetInt(ZMQ_SNDHWM, 10000));
-  TROUPE_RETURN_IF_ERROR(control_.SetInt(ZMQ_RCVHWM, 10000));
-  TROUPE_ASSIGN_OR_RETURN(endpoint_, control_.Bind(config_.control_endpoint));
-  if (config_.backend == Backend::kGloo) {
-    auto store = GlooStore::Host(config_.store_host, config_.store_port, timeout_);
-    if (!store.ok()) return store.status();
-    store_ = std::move(store).value();
-  }
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-  if (config_.backend == Backend::kNccl && NcclGroup::VisibleDevices() <= config_.nccl_device)
-    return Unavailable("nccl backend: CUDA device {} is not visible ({} devices)",
-                       config_.nccl_device, NcclGroup::VisibleDevices());
-#endif
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) return IoError("eventfd: {}", std::strerror(errno));
-  Log().info("weights sender {} on {} (backend {}, incarnation {:016x}{})", config_.actor_id,
-             endpoint_, BackendName(config_.backend), incarnation_,
-             store_ ? ", store " + store_->address() : std::string());
+  TROUPE_ASSIGN_OR_RETURN(control_,
+                          network_.Bind(transport::SocketKind::kServer, config_.control_endpoint,
+                                        ControlSocketOptions()));
+  endpoint_ = control_->endpoint();
+  poller_ = network_.NewPoller();
+  poller_->Add(control_.get());
+  chunks_ = std::make_unique<ChunkSender>(&network_, header(), config_.zmq_hwm_chunks, timeout_);
+  SenderContext ctx;
+  ctx.config = &config_;
+  ctx.network = &network_;
+  ctx.header = header();
+  ctx.node = node_;
+  ctx.chunks = chunks_.get();
+  ctx.pool = &pool_;
+  ctx.reaper = &reaper_;
+  TROUPE_ASSIGN_OR_RETURN(path_, NewSenderPath(config_.backend, ctx));
+  Log().info("weights sender {} on {} (backend {}, incarnation {:016x})", id_, endpoint_,
+             BackendName(config_.backend), incarnation_);
   Publish();
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
@@ -264,13 +242,15 @@ void WeightSender::Impl::Stop() {
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
   }
-  if (wake_fd_ >= 0) {
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
-  }
+  if (poller_) poller_->Wake();
   if (thread_.joinable()) thread_.join();
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-  wake_fd_ = -1;
+  // Sockets go before the network does (the caller owns it); the path first: it holds
+  // rendezvous sockets, and failed groups go to the reaper.
+  path_.reset();
+  chunks_.reset();
+  if (poller_ && control_) poller_->Remove(control_.get());
+  poller_.reset();
+  control_.reset();
 }
 
 void WeightSender::Impl::Run() {
@@ -308,129 +288,125 @@ void WeightSender::Impl::Run() {
     Publish();
   }
   // Goodbye: receivers forget this learner at once instead of waiting for its silence.
-  for (const auto& [id, m] : members_)
-    SendTo(id, proto::EncodeHeartbeat(header(), {PeerState::kExited, current_.version}));
-  reaper_.Add(std::move(gloo_));
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-  reaper_.Add(std::move(nccl_));
-#endif
-  data_sockets_.clear();
-  control_.Close();
+  auto bye = Keepalive(PeerState::kExited);
+  for (const auto& [id, m] : members_) SendTo(id, bye);
 }
 
 // ----------------------------------------------------------------- control plane
 
 void WeightSender::Impl::PollControl(int timeout_ms) {
-  zmq_pollitem_t items[2] = {{control_.get(), 0, ZMQ_POLLIN, 0},
-                             {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
-  if (zmq_poll(items, 2, timeout_ms) <= 0) return;
-  if (items[1].revents & ZMQ_POLLIN) {
-    uint64_t v;
-    [[maybe_unused]] ssize_t n = ::read(wake_fd_, &v, sizeof(v));
-  }
-  // Drain everything waiting (bounded so a flood cannot starve the rest of the loop).
+  auto ready = poller_->Wait(Deadline::InMs(timeout_ms));
+  (void)ready;  // readable, woken (a job, a stop) or timed out: drain what is there either way
+  // Bounded so a flood cannot starve the rest of the loop. The last Recv finds nothing, which
+  // also lets the socket count refused handshakes.
   for (int i = 0; i < 10000; ++i) {
-    std::string identity, payload;
-    bool more = false;
-    auto got = control_.TryRecv(&identity, &more);
-    if (!got.ok() || !*got) return;
-    if (!more) continue;  // a frame without a body: ignore
-    got = control_.TryRecv(&payload, &more);
-    if (!got.ok() || !*got) return;
-    if (more) {
-      control_.DrainMore();
-      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
-                          "dropped a control message from '{}' with extra frames", identity);
-      continue;
+    auto in = control_->Recv(Deadline::Now());
+    if (in.ok()) {
+      Handle(*in);
+    } else if (!transport::IsBadInput(in.status())) {
+      return;  // nothing waiting (bad input was counted and logged by the transport)
     }
-    HandleFrame(identity, payload);
   }
 }
 
-void WeightSender::Impl::HandleFrame(const std::string& identity, const std::string& payload) {
-  auto msg = proto::Decode(payload.data(), payload.size());
-  if (!msg.ok()) {
-    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000, "bad message from '{}': {}", identity,
-                        msg.status().ToString());
-    return;
-  }
-  if (msg->sender != identity) {
-    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
-                        "message from socket '{}' claims sender '{}': ignored", identity,
-                        msg->sender);
-    return;
-  }
-  const auto now = Clock::now();
-  auto it = members_.find(identity);
-  if (msg->kind == Kind::kRegister) {
-    if (it != members_.end() && it->second.incarnation == msg->incarnation) {
-      it->second.last_seen = now;  // a repeated Register: just confirm
-      SendTo(identity, proto::EncodeHeartbeat(header(), {PeerState::kAlive, current_.version}));
-      return;
-    }
-    if (it != members_.end()) DropMember(identity, "restarted (new incarnation)");
-    if (msg->reg.data_endpoint.empty()) {
-      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
-                          "receiver '{}' registered without a data endpoint: ignored", identity);
-      return;
-    }
-    Member m;
-    m.id = identity;
-    m.incarnation = msg->incarnation;
-    m.node = msg->reg.node;
-    m.data_endpoint = msg->reg.data_endpoint;
-    m.state = have_current_ ? MemberState::kNew : MemberState::kReady;
-    m.last_seen = now;
-    members_[identity] = m;
-    if (m.state == MemberState::kReady) MarkDirty();
-    Log().info("receiver {} registered from {} ({}), holding version {}{}", identity, m.node,
-               m.data_endpoint, msg->reg.version, have_current_ ? "; catching up" : "");
-    SendTo(identity, proto::EncodeHeartbeat(header(), {PeerState::kAlive, current_.version}));
-    return;
-  }
-  if (it == members_.end() || it->second.incarnation != msg->incarnation) {
-    // Not (or no longer) a member: tell it to register again.
+void WeightSender::Impl::Refuse(const std::string& route, const std::string& sender,
+                                const std::string& why) {
+  ++stats_.refused;
+  network_.counters().Reject(transport::RejectReason::kUnexpected);
+  TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000,
+                      "weights control {}: refused a message from '{}' (sender '{}'): {}",
+                      endpoint_, route, sender, why);
+}
+
+void WeightSender::Impl::Handle(const transport::Incoming& in) {
+  auto msg = proto::Decode(in.message);
+  if (!msg.ok()) return Refuse(in.peer, std::string(in.message.sender()), msg.status().ToString());
+  // Receivers connect with "<actor id>/<random>": a message must come from its own connection.
+  if (IdentityActor(in.peer) != msg->sender)
+    return Refuse(in.peer, msg->sender, "its connection does not belong to that sender");
+  if (msg->kind == Kind::kRegister) return HandleRegister(in, *msg);
+  if (msg->kind != Kind::kHeartbeat && msg->kind != Kind::kGroup && msg->kind != Kind::kAck)
+    return Refuse(in.peer, msg->sender,
+                  fmt::format("a {} on the weights control socket", KindName(msg->kind)));
+  Member* m = Find(msg->sender);
+  if (m == nullptr || m->route != in.peer || m->incarnation != msg->incarnation) {
+    // Not (or no longer) a member: tell that connection to register (again).
     if (msg->kind == Kind::kHeartbeat && msg->heartbeat.state != PeerState::kAlive) return;
-    SendTo(identity, proto::EncodeHeartbeat(header(), {PeerState::kUnknown, current_.version}));
+    control_->SendTo(in.peer, Keepalive(PeerState::kUnknown), Deadline::InMs(100)).IgnoreError();
     return;
   }
-  Member& m = it->second;
-  m.last_seen = now;
+  m->last_seen = Clock::now();
   switch (msg->kind) {
     case Kind::kHeartbeat:
-      if (msg->heartbeat.state == PeerState::kLeaving && !m.leaving) {
-        m.leaving = true;
+      if (msg->heartbeat.state == PeerState::kLeaving && !m->leaving) {
+        m->leaving = true;
         MarkDirty();
-        Log().info("receiver {} asks to leave", m.id);
-      } else if (msg->heartbeat.state == PeerState::kExited && !m.gone) {
-        m.gone = true;
+        Log().info("receiver {} asks to leave", m->id);
+      } else if (msg->heartbeat.state == PeerState::kExited && !m->gone) {
+        m->gone = true;
         MarkDirty();
-        Log().info("receiver {} exited", m.id);
+        Log().info("receiver {} exited", m->id);
       }
       break;
     case Kind::kGroup:
-      m.accepted_epoch = std::max(m.accepted_epoch, msg->group.epoch);
+      m->accepted_epoch = std::max(m->accepted_epoch, msg->group.epoch);
       break;
     case Kind::kAck:
-      m.ack_transfer = msg->ack.transfer;
-      m.ack_version = msg->ack.version;
-      m.ack_ok = msg->ack.ok;
-      m.ack_reason = msg->ack.reason;
+      m->acks[{msg->ack.transfer, msg->ack.version}] = Member::Ack{msg->ack.ok, msg->ack.reason};
+      while (m->acks.size() > 8) m->acks.erase(m->acks.begin());
       break;
     default:
-      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000, "unexpected message kind from '{}'",
-                          identity);
+      break;
   }
 }
 
-bool WeightSender::Impl::SendTo(const std::string& id, const proto::Bytes& bytes) {
-  Deadline d = Deadline::InMs(100);
-  Status st = control_.Send(id.data(), id.size(), true, d);
-  if (st.ok()) st = control_.Send(bytes, false, d);
+void WeightSender::Impl::HandleRegister(const transport::Incoming& in, const proto::Message& msg) {
+  const std::string& id = msg.sender;
+  auto alive = Keepalive();
+  if (Member* m = Find(id)) {
+    if (m->route == in.peer && m->incarnation == msg.incarnation) {
+      m->last_seen = Clock::now();  // a repeated Register: just confirm
+      SendTo(id, alive);
+      return;
+    }
+    if (m->route != in.peer && !m->gone &&
+        control_->SendTo(m->route, alive, Deadline::InMs(100)).ok()) {
+      // Another connection claims the id of a member whose own connection is still there:
+      // it cannot take its place (it may be an impostor, or the member's restart seen before
+      // its old connection closed: then it is admitted on a later Register).
+      ++stats_.takeovers_refused;
+      return Refuse(in.peer, id, "that receiver id belongs to another live connection");
+    }
+    DropMember(id, m->route == in.peer ? "restarted (new incarnation)"
+                                       : "replaced by a new connection (the old one is gone)");
+  }
+  if (msg.reg.data_endpoint.empty()) {
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
+                        "receiver '{}' registered without a data endpoint: ignored", id);
+    return;
+  }
+  Member m;
+  m.id = id;
+  m.route = in.peer;
+  m.incarnation = msg.incarnation;
+  m.node = msg.reg.node;
+  m.data_endpoint = msg.reg.data_endpoint;
+  m.state = have_current_ ? MemberState::kNew : MemberState::kReady;
+  m.last_seen = Clock::now();
+  members_[id] = m;
+  if (m.state == MemberState::kReady) MarkDirty();
+  Log().info("receiver {} registered from {} ({}), holding version {}{}", id, m.node,
+             m.data_endpoint, msg.reg.version, have_current_ ? "; catching up" : "");
+  SendTo(id, alive);
+}
+
+bool WeightSender::Impl::SendTo(const std::string& id, const transport::OutMessage& msg) {
+  Member* m = Find(id);
+  if (m == nullptr) return false;
+  Status st = control_->SendTo(m->route, msg, Deadline::InMs(100));
   if (st.ok()) return true;
-  auto it = members_.find(id);
-  if (it != members_.end() && st.code() == Code::kUnavailable && !it->second.gone) {
-    it->second.gone = true;
+  if (st.code() == Code::kUnavailable && !m->gone) {
+    m->gone = true;
     MarkDirty();
     Log().info("receiver {} is unreachable ({}): dropping it at the next epoch", id, st.message());
   }
@@ -444,8 +420,8 @@ void WeightSender::Impl::MaybeKeepalive() {
   std::vector<std::string> ids;
   for (const auto& [id, m] : members_)
     if (!m.gone) ids.push_back(id);
-  auto bytes = proto::EncodeHeartbeat(header(), {PeerState::kAlive, current_.version});
-  for (const auto& id : ids) SendTo(id, bytes);
+  auto msg = Keepalive();
+  for (const auto& id : ids) SendTo(id, msg);
 }
 
 void WeightSender::Impl::CheckTimeouts() {
@@ -469,6 +445,14 @@ void WeightSender::Impl::DropMember(const std::string& id, const char* why) {
     MarkDirty();
   }
   members_.erase(it);
+}
+
+Interrupt WeightSender::Impl::ServeWhileBlocked(bool preemptible) {
+  return [this, preemptible] {
+    PollControl(0);  // heartbeats and registrations keep flowing during long operations
+    MaybeKeepalive();
+    return stopping() || (preemptible && job_pending());
+  };
 }
 
 void WeightSender::Impl::Publish() {
@@ -500,51 +484,65 @@ void WeightSender::Impl::Publish() {
 
 void WeightSender::Impl::RunCatchUps() {
   auto now = Clock::now();
-  for (auto& [id, m] : members_) {
+  for (auto& [key, m] : members_) {
     if (m.state != MemberState::kNew || m.gone || m.leaving || now < m.next_catch_up) continue;
+    const std::string id = key;  // serving the control socket meanwhile may erase the entry
     Status st = CatchUp(m);
+    Member* after = Find(id);
+    if (after == nullptr) return;
     if (st.ok()) {
-      m.state = MemberState::kReady;
-      m.catch_up_failures = 0;
+      after->state = MemberState::kReady;
+      after->catch_up_failures = 0;
       MarkDirty();
       ++stats_.catch_ups;
     } else if (st.code() == Code::kCancelled) {
       // A broadcast arrived: it goes first; the newcomer is caught up with it afterwards.
-    } else if (++m.catch_up_failures >= kMaxCatchUpFailures) {
+    } else if (++after->catch_up_failures >= kMaxCatchUpFailures) {
       Log().error(
           "catch-up of {} failed {} times (last: {}); dropping it (is its data endpoint "
           "{} reachable from the learner?)",
-          id, m.catch_up_failures, st.ToString(), m.data_endpoint);
-      m.gone = true;
+          id, after->catch_up_failures, st.ToString(), after->data_endpoint);
+      after->gone = true;
       MarkDirty();
     } else {
       // Exponential backoff: a newcomer we cannot reach must not stall the broadcasts.
-      auto backoff = Millis(config_.heartbeat_ms) * (1 << m.catch_up_failures);
+      auto backoff = Millis(config_.heartbeat_ms) * (1 << after->catch_up_failures);
       Log().warn("catch-up of {} to version {} failed: {}; retrying in {} ms", id, current_.version,
                  st.ToString(), backoff.count());
-      m.next_catch_up = Clock::now() + backoff;
+      after->next_catch_up = Clock::now() + backoff;
     }
     return;  // one per loop turn: jobs and control messages go first
   }
 }
 
-Status WeightSender::Impl::CatchUp(Member& m) {
+Status WeightSender::Impl::CatchUp(Member& member) {
   if (!have_current_) return Status::Ok();
+  const std::string id = member.id, endpoint = member.data_endpoint;  // `member` may go away
   Layout layout = current_;
   layout.transfer = kCatchUpBit | ++catch_up_counter_;
+  layout.token = transport::RandomIncarnation();
   proto::ManifestMsg manifest;
   manifest.layout = layout;
   auto t0 = Clock::now();
-  if (!SendTo(m.id, proto::EncodeManifest(header(), manifest)))
-    return Unavailable("cannot send the manifest to {}", m.id);
-  TROUPE_RETURN_IF_ERROR(SendStream({m.data_endpoint}, layout, current_data_, current_owner_,
-                                    Deadline::Never(),
-                                    /*preemptible=*/true));
-  TROUPE_RETURN_IF_ERROR(WaitAcks({m.id}, layout.version, layout.transfer, Deadline::In(timeout_)));
-  m.acked_version = layout.version;
-  Log().info("caught {} up to version {} ({:.1f} MB in {:.3f} s)", m.id, layout.version,
+  if (!SendTo(id, proto::EncodeManifest(header(), manifest)))
+    return Unavailable("cannot send the manifest to {}", id);
+  TROUPE_RETURN_IF_ERROR(chunks_->Send(
+      {endpoint}, layout, current_stream_.data, current_stream_.owner, Deadline::Never(),
+      ServeWhileBlocked(/*preemptible=*/true), &stats_.bytes_sent));
+  TROUPE_RETURN_IF_ERROR(WaitAcks({id}, layout.version, layout.transfer, Deadline::In(timeout_)));
+  if (Member* m = Find(id)) m->acked_version = layout.version;
+  Log().info("caught {} up to version {} ({:.1f} MB in {:.3f} s)", id, layout.version,
              layout.total_bytes / 1e6, Seconds(t0, Clock::now()));
   return Status::Ok();
+}
+
+std::vector<PathMember> WeightSender::Impl::PathMembers(const std::vector<std::string>& ids) {
+  std::vector<PathMember> out;
+  for (const auto& id : ids) {
+    const Member* m = Find(id);
+    out.push_back(m ? PathMember{id, m->node, m->data_endpoint} : PathMember{id, "", ""});
+  }
+  return out;
 }
 
 // Forms the next epoch from the live members: announce, collect echoes, form the backend
@@ -570,44 +568,19 @@ Status WeightSender::Impl::Reform(Deadline deadline) {
     proto::GroupMsg g;
     g.epoch = epoch;
     g.backend = BackendName(config_.backend);
-    g.members.push_back(config_.actor_id);
+    g.members.push_back(id_);
     g.endpoints.push_back("");
     for (const auto& id : candidates) {
       g.members.push_back(id);
       g.endpoints.push_back(members_[id].data_endpoint);
     }
     g.timeout_ms = static_cast<uint32_t>(config_.timeout_ms);
-    switch (config_.backend) {
-      case Backend::kGloo:
-        g.store_address = store_->address();
-        g.algorithm = GlooAlgorithmName(config_.gloo_algorithm);
-        break;
-      case Backend::kZmq:
-        g.algorithm = ZmqTopologyName(config_.zmq_topology);
-        break;
-      case Backend::kShm:
-        g.algorithm = "shm";
-        break;
-      case Backend::kNccl: {
-        g.algorithm = "broadcast";
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-        if (!candidates.empty()) {
-          TROUPE_ASSIGN_OR_RETURN(nccl_id_, NcclGroup::NewUniqueId());
-          g.nccl_id = nccl_id_;
-        }
-#endif
-        break;
-      }
-    }
-    // The old group is finished either way.
-    reaper_.Add(std::move(gloo_));
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-    reaper_.Add(std::move(nccl_));
-#endif
+    path_->Abort();  // the old group is finished either way
     formed_ = false;
-    auto bytes = proto::EncodeGroup(header(), g);
-    for (const auto& id : candidates) SendTo(id, bytes);
-    for (const auto& id : leavers) SendTo(id, bytes);  // not listed: confirms their leave
+    TROUPE_RETURN_IF_ERROR(path_->Announce(&g).WithContext(fmt::format("epoch {}", epoch)));
+    auto announcement = proto::EncodeGroup(header(), g);
+    for (const auto& id : candidates) SendTo(id, announcement);
+    for (const auto& id : leavers) SendTo(id, announcement);  // not listed: confirms their leave
     for (const auto& id : leavers) DropMember(id, "left");
     std::vector<std::string> dead;
     for (auto& [id, m] : members_)
@@ -642,7 +615,7 @@ Status WeightSender::Impl::Reform(Deadline deadline) {
       if (deadline.expired()) return Timeout("epoch {}: no answer from {}", epoch, Join(absent));
       continue;
     }
-    Status st = FormBackendGroup(epoch, candidates, g, deadline);
+    Status st = path_->Form(g, PathMembers(candidates), deadline, ServeWhileBlocked());
     if (!st.ok()) {
       MarkDirty();
       return st.WithContext(fmt::format("forming epoch {}", epoch));
@@ -660,44 +633,12 @@ Status WeightSender::Impl::Reform(Deadline deadline) {
     formed_ = true;
     dirty_ = changes_ != changes_before;
     ++stats_.epochs;
-    CloseUnusedDataSockets();
+    std::set<std::string> used;
+    for (const auto& [id, m] : members_) used.insert(m.data_endpoint);
+    chunks_->Retain(used);
     Log().info("epoch {}: {} member(s) [{}]", epoch, group_.size(), Join(group_));
     return Status::Ok();
   }
-}
-
-Status WeightSender::Impl::FormBackendGroup(uint64_t epoch, const std::vector<std::string>& members,
-                                            const proto::GroupMsg& group, Deadline deadline) {
-  if (members.empty()) return Status::Ok();
-  auto budget = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining());
-  auto t = std::max(Millis(10), std::min(timeout_, budget));
-  switch (config_.backend) {
-    case Backend::kGloo: {
-      auto g = GlooGroup::Form(*store_, epoch, 0, static_cast<int>(members.size() + 1),
-                               config_.gloo_hostname, t);
-      if (!g.ok()) return g.status();
-      gloo_ = std::shared_ptr<GlooGroup>(std::move(g).value());
-      return Status::Ok();
-    }
-    case Backend::kNccl: {
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-      auto g = NcclGroup::Form(group.nccl_id, 0, static_cast<int>(members.size() + 1),
-                               config_.nccl_device, Deadline::In(t), [this] {
-                                 PollControl(1);
-                                 return stopping();
-                               });
-      if (!g.ok()) return g.status();
-      nccl_ = std::shared_ptr<NcclGroup>(std::move(g).value());
-      return Status::Ok();
-#else
-      return Unavailable("nccl backend not built");
-#endif
-    }
-    case Backend::kZmq:
-    case Backend::kShm:
-      return Status::Ok();
-  }
-  return Status::Ok();
 }
 
 // ----------------------------------------------------------------- broadcast
@@ -736,6 +677,9 @@ void WeightSender::Impl::RunJob(Job& job) {
       report.members = group_;
       for (const auto& id : group_)
         if (Member* m = Find(id)) m->acked_version = job.version;
+      if (!current_.checksums.empty() && TraceChecksum(job.version, &last_traced_))
+        Log().info("version {} reached {} member(s): stream checksum {:016x}", job.version,
+                   group_.size(), StreamChecksum(current_));
       return finish(Status::Ok());
     }
     ++stats_.attempts_failed;
@@ -761,38 +705,16 @@ Status WeightSender::Impl::PackCurrent(const Job& job, BroadcastReport* report) 
   TROUPE_ASSIGN_OR_RETURN(Layout layout, PlanLayout(job.named, config_.wire_dtype,
                                                     config_.bucket_bytes, config_.chunk_bytes));
   layout.version = job.version;
-  uint8_t* dst = nullptr;
-  std::shared_ptr<void> owner;
-  if (config_.backend == Backend::kShm) {
-    if (!shm_ || shm_->capacity() < layout.total_bytes) {
-      auto w = ShmWriter::Create(config_.shm_prefix, layout.total_bytes);
-      if (!w.ok()) return w.status();
-      shm_ = std::move(w).value();
-      shm_slot_ = 1;
-    }
-    int slot = shm_slot_ ^ 1;
-    shm_->BeginWrite(slot);
-    dst = shm_->slot_data(slot);
-    owner = shm_;
-    TROUPE_RETURN_IF_ERROR(PackTensors(job.named, layout, dst));
-    if (config_.checksum) ComputeChecksums(&layout, dst);
-    shm_generation_ = shm_->EndWrite(slot);
-    shm_slot_ = slot;
-  } else {
-    // The previous version's buffer is reused in place unless something (a zero-copy send
-    // still queued) holds it; the pool then hands out another one.
-    current_owner_.reset();
-    current_data_ = nullptr;
-    have_current_ = false;
-    TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<FlatBuffer> buf, pool_.Get(layout.total_bytes));
-    dst = buf->data();
-    owner = buf;
-    TROUPE_RETURN_IF_ERROR(PackTensors(job.named, layout, dst));
-    if (config_.checksum) ComputeChecksums(&layout, dst);
-  }
+  // The previous version's memory is reused in place unless something (a zero-copy send still
+  // queued) holds it; the backend then hands out other memory.
+  current_stream_ = Stream{};
+  have_current_ = false;
+  TROUPE_ASSIGN_OR_RETURN(Stream stream, path_->Acquire(layout.total_bytes));
+  TROUPE_RETURN_IF_ERROR(PackTensors(job.named, layout, stream.data));
+  if (config_.checksum) ComputeChecksums(&layout, stream.data);
+  path_->Packed();
   current_ = std::move(layout);
-  current_owner_ = std::move(owner);
-  current_data_ = dst;
+  current_stream_ = std::move(stream);
   have_current_ = true;
   report->payload_bytes = current_.total_bytes;
   report->pack_seconds = Seconds(t0, Clock::now());
@@ -801,71 +723,34 @@ Status WeightSender::Impl::PackCurrent(const Job& job, BroadcastReport* report) 
 
 Status WeightSender::Impl::Transfer(Deadline deadline, BroadcastReport* report) {
   const auto t0 = Clock::now();
-  Layout layout = current_;
-  layout.transfer = epoch_;
   if (group_.empty()) return Status::Ok();
-  std::vector<std::string> endpoints;  // data endpoint per member, rank order
   for (const auto& id : group_) {
     Member* m = Find(id);
     if (m == nullptr || m->gone || m->state != MemberState::kMember)
       return Unavailable("member {} of epoch {} is gone", id, epoch_);
-    m->ack_transfer = 0;
-    m->ack_ok = false;
-    endpoints.push_back(m->data_endpoint);
   }
-  // Manifests (encoded once). With shm, receivers on another node get theirs over zmq (star).
-  proto::ManifestMsg manifest;
-  manifest.layout = std::move(layout);
-  const proto::Bytes plain = proto::EncodeManifest(header(), manifest);
-  proto::Bytes local;
-  if (config_.backend == Backend::kShm) {
-    manifest.shm_segment = shm_->name();
-    manifest.shm_offset = shm_->slot_offset(shm_slot_);
-    manifest.shm_generation = shm_generation_;
-    local = proto::EncodeManifest(header(), manifest);
+  // Manifests: what the backend tells each member (shm: local members get the segment).
+  // Members told the same thing share one encoded message.
+  const std::vector<PathMember> members = PathMembers(group_);
+  Layout sent = current_;
+  sent.transfer = epoch_;
+  sent.token = transport::RandomIncarnation();
+  std::map<std::string, transport::OutMessage> encoded;
+  for (const PathMember& pm : members) {
+    proto::ManifestMsg manifest;
+    manifest.layout = sent;
+    path_->Describe(pm, &manifest);
+    auto it = encoded.find(manifest.shm_segment);
+    if (it == encoded.end())
+      it = encoded.emplace(manifest.shm_segment, proto::EncodeManifest(header(), manifest)).first;
+    if (!SendTo(pm.id, it->second))
+      return Unavailable("cannot send the manifest of version {} to {}", current_.version, pm.id);
   }
-  const Layout& sent = manifest.layout;
-  std::vector<std::string> zmq_targets;
-  for (const auto& id : group_) {
-    const Member& m = *Find(id);
-    bool shm_local = config_.backend == Backend::kShm && m.node == node_;
-    if (config_.backend == Backend::kShm && !shm_local) zmq_targets.push_back(m.data_endpoint);
-    if (!SendTo(id, shm_local ? local : plain))
-      return Unavailable("cannot send the manifest of version {} to {}", sent.version, id);
-  }
-  Status st = Status::Ok();
-  switch (config_.backend) {
-    case Backend::kZmq: {
-      if (config_.zmq_topology == ZmqTopology::kChain) endpoints.resize(1);
-      st = SendStream(endpoints, sent, current_data_, current_owner_, deadline);
-      break;
-    }
-    case Backend::kShm:
-      if (!zmq_targets.empty())
-        st = SendStream(zmq_targets, sent, current_data_, current_owner_, deadline);
-      break;
-    case Backend::kGloo:
-      if (!gloo_) return Internal("gloo group of epoch {} is missing", epoch_);
-      st = gloo_->Transfer(current_owner_, current_data_, sent, config_.gloo_algorithm, deadline,
-                           nullptr);
-      if (st.ok()) stats_.bytes_sent += sent.total_bytes;  // handed to gloo once
-      break;
-    case Backend::kNccl:
-#ifdef TROUPE_BROADCAST_HAVE_NCCL
-      if (!nccl_) return Internal("nccl communicator of epoch {} is missing", epoch_);
-      st = nccl_->Transfer(current_data_, sent, deadline, [this] {
-        PollControl(1);
-        return stopping();
-      });
-      if (st.ok()) stats_.bytes_sent += sent.total_bytes;
-#else
-      st = Unavailable("nccl backend not built");
-#endif
-      break;
-  }
-  if (!st.ok()) return st;
-  st = WaitAcks(group_, sent.version, sent.transfer, deadline);
+  TROUPE_RETURN_IF_ERROR(path_->Send(sent, current_stream_, members, deadline, ServeWhileBlocked(),
+                                     &stats_.bytes_sent));
+  Status st = WaitAcks(group_, sent.version, sent.transfer, deadline);
   report->transfer_seconds = Seconds(t0, Clock::now());
+  if (st.ok()) path_->Acknowledged();
   return st;
 }
 
@@ -874,35 +759,28 @@ Status WeightSender::Impl::WaitAcks(const std::vector<std::string>& ids, uint64_
   Deadline stall = deadline.min(Deadline::In(timeout_));
   size_t acked = 0;
   while (true) {
-    std::vector<std::string> missing, rejected;
+    std::vector<std::string> missing, gone, rejected;
     size_t now_acked = 0;
     for (const auto& id : ids) {
-      const Member* mp = Find(id);
-      bool expected = mp != nullptr && !mp->gone &&
-                      (mp->state == MemberState::kMember || (transfer & kCatchUpBit) != 0);
+      const Member* m = Find(id);
+      bool expected = m != nullptr && !m->gone &&
+                      (m->state == MemberState::kMember || (transfer & kCatchUpBit) != 0);
       if (!expected) {
-        missing.push_back(id + " (gone)");
-        continue;
-      }
-      const Member& m = *mp;
-      if (m.ack_transfer == transfer && m.ack_version == version) {
-        if (!m.ack_ok) {
-          rejected.push_back(fmt::format("{}: {}", id, m.ack_reason));
-        } else {
+        gone.push_back(id);
+      } else if (auto a = m->acks.find({transfer, version}); a != m->acks.end()) {
+        if (a->second.ok) {
           ++now_acked;
+        } else {
+          rejected.push_back(fmt::format("{}: {}", id, a->second.reason));
         }
       } else {
         missing.push_back(id);
       }
     }
     if (!rejected.empty()) return Unavailable("version {} rejected by {}", version, Join(rejected));
-    if (missing.empty()) return Status::Ok();
-    std::vector<std::string> gone;
-    for (const auto& s : missing)
-      if (s.size() > 7 && s.compare(s.size() - 7, 7, " (gone)") == 0)
-        gone.push_back(s.substr(0, s.size() - 7));
     if (!gone.empty())
       return Unavailable("version {}: {} went away during the transfer", version, Join(gone));
+    if (missing.empty()) return Status::Ok();
     if (now_acked > acked) {  // progress: a fresh stall window
       acked = now_acked;
       stall = deadline.min(Deadline::In(timeout_));
@@ -914,65 +792,6 @@ Status WeightSender::Impl::WaitAcks(const std::vector<std::string>& ids, uint64_
     MaybeKeepalive();  // a crashed member shows up as unreachable here, well before the stall
     PollControl(2);
   }
-}
-
-Result<ZmqSocket*> WeightSender::Impl::DataSocket(const std::string& endpoint) {
-  auto it = data_sockets_.find(endpoint);
-  if (it != data_sockets_.end()) return &it->second;
-  TROUPE_ASSIGN_OR_RETURN(ZmqSocket s, ZmqSocket::Create(ctx_, ZMQ_PUSH));
-  TROUPE_RETURN_IF_ERROR(s.SetInt(ZMQ_SNDHWM, config_.zmq_hwm_chunks));
-  TROUPE_RETURN_IF_ERROR(s.SetInt(ZMQ_IMMEDIATE, 1));
-  TROUPE_RETURN_IF_ERROR(s.Connect(endpoint));
-  auto [pos, _] = data_sockets_.emplace(endpoint, std::move(s));
-  return &pos->second;
-}
-
-void WeightSender::Impl::CloseUnusedDataSockets() {
-  std::set<std::string> used;
-  for (const auto& [id, m] : members_) used.insert(m.data_endpoint);
-  for (auto it = data_sockets_.begin(); it != data_sockets_.end();)
-    it = used.count(it->first) ? std::next(it) : data_sockets_.erase(it);
-}
-
-// Sends every chunk of the stream to each endpoint (one for a chain, each member's for a
-// star or a catch-up): a header frame, then the payload frame straight from `data`.
-Status WeightSender::Impl::SendStream(const std::vector<std::string>& endpoints,
-                                      const Layout& layout, const uint8_t* data,
-                                      const std::shared_ptr<void>& owner, Deadline deadline,
-                                      bool preemptible) {
-  std::vector<ZmqSocket*> sockets;
-  for (const auto& ep : endpoints) {
-    TROUPE_ASSIGN_OR_RETURN(ZmqSocket * s, DataSocket(ep));
-    sockets.push_back(s);
-  }
-  const uint64_t chunks = std::max<uint64_t>(1, layout.num_chunks());
-  for (uint64_t c = 0; c < chunks; ++c) {
-    uint64_t begin = std::min(layout.total_bytes, c * layout.chunk_bytes);
-    uint64_t end = std::min(layout.total_bytes, begin + layout.chunk_bytes);
-    proto::ChunkMsg chunk;
-    chunk.version = layout.version;
-    chunk.transfer = layout.transfer;
-    chunk.bucket = static_cast<uint32_t>(begin / layout.bucket_bytes);
-    chunk.bucket_offset = begin % layout.bucket_bytes;
-    chunk.last = c + 1 == chunks;
-    auto head = proto::EncodeChunk(header(), chunk);
-    for (size_t i = 0; i < sockets.size(); ++i) {
-      Deadline step = deadline.min(Deadline::In(timeout_));
-      Status st = sockets[i]->Send(head, true, step);
-      if (st.ok()) st = sockets[i]->SendZeroCopy(data + begin, end - begin, owner, false, step);
-      if (!st.ok())
-        return st.WithContext(
-            fmt::format("sending chunk {} of version {} to {}", c, layout.version, endpoints[i]));
-      stats_.bytes_sent += end - begin;
-    }
-    if ((c & 15) == 15) {
-      PollControl(0);  // keep heartbeats flowing during long transfers
-      MaybeKeepalive();
-      if (stopping()) return Cancelled("sender stopping");
-      if (preemptible && job_pending()) return Cancelled("a broadcast is waiting");
-    }
-  }
-  return Status::Ok();
 }
 
 // ----------------------------------------------------------------- API
@@ -989,8 +808,7 @@ Status WeightSender::Impl::Broadcast(uint64_t version, const NamedTensors& named
     if (stop_) return Cancelled("weight sender is stopping");
     job_ = job;
   }
-  uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  poller_->Wake();
   // The job is bounded by its deadline (each step by timeout_ms); allow that much slack.
   auto give_up = deadline.is_never() ? Clock::time_point::max()
                                      : deadline.at() + timeout_ * 2 + std::chrono::seconds(2);
@@ -1023,9 +841,10 @@ Status WeightSender::Impl::WaitForMembers(size_t count, Deadline deadline) {
 WeightSender::WeightSender(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 WeightSender::~WeightSender() = default;
 
-Result<std::unique_ptr<WeightSender>> WeightSender::Create(const BroadcastConfig& config) {
+Result<std::unique_ptr<WeightSender>> WeightSender::Create(const BroadcastConfig& config,
+                                                           transport::Network& network) {
   TROUPE_RETURN_IF_ERROR(config.Validate());
-  auto impl = std::make_unique<Impl>(config);
+  auto impl = std::make_unique<Impl>(config, network);
   TROUPE_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<WeightSender>(new WeightSender(std::move(impl)));
 }

@@ -28,6 +28,7 @@ Result<HeadInfo> ReadHeadInfo(const RunDir& run) {
   h.pid = j.value("pid", 0);
   h.job = j.value("job", "");
   h.host = j.value("host", "");
+  h.dashboard = j.value("dashboard", "");
   return h;
 }
 
@@ -37,6 +38,7 @@ Status WriteHeadInfo(const RunDir& run, const HeadInfo& info) {
   j["pid"] = info.pid;
   j["job"] = info.job;
   j["host"] = info.host.empty() ? HostName() : info.host;
+  if (!info.dashboard.empty()) j["dashboard"] = info.dashboard;
   return WriteFileAtomic(run.head_file(), j.dump(2) + "\n");
 }
 
@@ -124,6 +126,7 @@ Result<ControlResult> SendControl(const RunDir& run, const std::string& kind, De
       s.restarts = a.getRestarts();
       s.last_heartbeat_ns = a.getLastHeartbeatNs();
       for (auto kv : a.getStats()) s.stats[kv.getName()] = kv.getValue();
+      for (auto ep : a.getEndpoints()) s.endpoints[ep.getName()] = ep.getAddress();
       out.actors.push_back(std::move(s));
     }
     for (auto p : rep.getProgress()) out.progress[p.getName()] = p.getValue();

@@ -18,6 +18,7 @@
 #include "progress.h"
 #include "troupe/core/exit_codes.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/transport/message.h"
 
 namespace troupe::launcher {
@@ -152,11 +153,17 @@ class Head::Impl {
     poller_->Add(control_.get());
     metrics_.open(o_.run.metrics(), std::ios::app);
     if (!metrics_) return IoError("head: cannot open '{}'", o_.run.metrics());
+    if (o_.telemetry) {
+      auto t = Telemetry::Create(o_.run, *o_.telemetry);
+      if (!t.ok()) return t.status().WithContext("head");
+      telemetry_ = std::move(t).value();
+    }
     for (auto& [role, spec] : o_.roles) desired_[role] = spec.count;
     return Status::Ok();
   }
 
   const std::string& endpoint() const { return control_->endpoint(); }
+  std::string dashboard_url() const { return telemetry_ ? telemetry_->dashboard_url() : ""; }
 
   void RequestStop() {
     int n = stop_requests_.fetch_add(1) + 1;
@@ -165,7 +172,7 @@ class Head::Impl {
 
   Status Run();
   JobSummary summary() const {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     return summary_;
   }
   std::vector<ActorStatus> Snapshot() const;
@@ -237,14 +244,17 @@ class Head::Impl {
   int shutdown_phase_ = 0;
   std::ofstream metrics_;
   Progress progress_;
-  mutable std::mutex summary_mu_;
-  JobSummary summary_;
+  mutable Mutex summary_mu_;
+  JobSummary summary_ TROUPE_GUARDED_BY(summary_mu_);
   bool finished_ = false;
   int stop_requests_seen_offset_ = 0;
   // Every incarnation of removed actors (scaled down): for the accounting.
   std::vector<IncarnationReport> retired_reports_;
   // An actor's incarnations: the dead ones and the current (or last) one.
   void CollectReports(const Record& r, std::vector<IncarnationReport>* out) const;
+  // Dashboard, TensorBoard, rollouts.jsonl, status.json (null: none).
+  std::unique_ptr<Telemetry> telemetry_;
+  std::string JobState() const;
 };
 
 // ------------------------------------------------------------------ supervision
@@ -313,7 +323,7 @@ void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
                 max_restarts);
     if (r.role == o_.completion_role) {
       BeginShutdown(r.id + " failed: " + why, false);
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.failure = r.id + " failed after " + std::to_string(r.restarts) + " restarts: " + why;
     }
     return;
@@ -348,7 +358,7 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
         r.id + " stopped" + (last.empty() ? std::string(" with a fatal error (exit 4)") : ": " + last);
     Log().error("{}; stopping the job", why);
     {
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.failure = why;
     }
     BeginShutdown(why, false);
@@ -358,7 +368,7 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
     SetState(r, ActorState::EXITED);
     Log().info("{} finished the job", r.id);
     {
-      std::lock_guard<std::mutex> g(summary_mu_);
+      MutexLock g(summary_mu_);
       summary_.completed = true;
     }
     BeginShutdown("job complete", false);
@@ -451,7 +461,7 @@ void Head::Impl::WriteFailed(const std::string& path) {
                           " (the run folder is full or not writable)";
   Log().error("{}; stopping the job", why);
   {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     if (summary_.failure.empty()) summary_.failure = why;
   }
   BeginShutdown(why, false);
@@ -461,7 +471,7 @@ void Head::Impl::BeginShutdown(const std::string& why, bool stopped) {
   if (shutting_down_) return;
   shutting_down_ = true;
   {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     summary_.stopped = stopped;
   }
   Log().info("shutting down: {}", why);
@@ -706,6 +716,12 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
     return;
   }
   std::string kind = mt.getKind();
+  if (kind == "rollouts") {
+    // Sampled sequences go to rollouts.jsonl, not metrics.jsonl.
+    if (telemetry_ && mt.hasJson())
+      telemetry_->OnRollouts(sender, m.envelope().getSendTimeNs(), mt.getJson());
+    return;
+  }
   nlohmann::json j;
   j["time_ns"] = m.envelope().getSendTimeNs();
   j["actor"] = sender;
@@ -715,7 +731,12 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   std::map<std::string, double> stats;
   for (auto s : mt.getStats()) {
     stats[s.getName()] = s.getValue();
-    if (std::isfinite(s.getValue())) j[std::string(s.getName())] = s.getValue();
+    std::string key = s.getName();
+    // A figure named like a record key must not overwrite it: the trainer's own
+    // "step" counts optimizer updates with the warm start's, the record's is the RL update.
+    if (key == "step" || key == "kind" || key == "actor" || key == "time_ns" || key == "policy_version")
+      key = key == "step" ? "optimizer_step" : "stat_" + key;
+    if (std::isfinite(s.getValue())) j[key] = s.getValue();
   }
   if (mt.hasJson() && mt.getJson().size() > 0) {
     auto extra = nlohmann::json::parse(std::string(mt.getJson()), nullptr, false);
@@ -724,10 +745,11 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
   metrics_ << j.dump() << '\n';
   metrics_.flush();
   if (!metrics_) WriteFailed(o_.run.metrics());
+  if (telemetry_) telemetry_->OnMetricsLine(j);
   if (kind == "final") {
     if (Record* r = Find(sender)) r->final_report = stats;
   } else if (kind == "summary") {
-    std::lock_guard<std::mutex> g(summary_mu_);
+    MutexLock g(summary_mu_);
     summary_.learner_summary = stats;
   }
   progress_.OnMetrics(kind, mt.getStep(), stats);
@@ -871,11 +893,19 @@ Status Head::Impl::Run() {
       progress_.SetGenerationRate(tok_s);
       if (o_.print && o_.live_progress) o_.print(progress_.Line());
     }
+    if (telemetry_ && telemetry_->Due()) {
+      if (auto line = telemetry_->Tick(Snapshot(), progress_.Stats(), JobState())) {
+        metrics_ << line->dump() << '\n';
+        metrics_.flush();
+        if (!metrics_) WriteFailed(o_.run.metrics());
+        telemetry_->OnMetricsLine(*line);
+      }
+    }
   }
   // Drain what the actors said last (final reports).
   HandleMessages();
   WriteSummary();
-  std::lock_guard<std::mutex> g(summary_mu_);
+  MutexLock g(summary_mu_);
   if (!summary_.failure.empty()) return Internal("{}", summary_.failure);
   return Status::Ok();
 }
@@ -899,7 +929,7 @@ void Head::Impl::WriteSummary() {
   std::vector<IncarnationReport> reports = retired_reports_;
   for (const auto& [id, r] : actors_) CollectReports(r, &reports);
   const Accounting acc = SumAccounting(reports);
-  std::lock_guard<std::mutex> g(summary_mu_);
+  MutexLock g(summary_mu_);
   summary_.accounting = acc.terms;
   summary_.accounting_problems = acc.problems;
   nlohmann::json j;
@@ -915,9 +945,20 @@ void Head::Impl::WriteSummary() {
   metrics_.flush();
   // (The job is over: a summary that cannot be written is printed anyway.)
   if (!metrics_ && o_.print) o_.print("cannot write the job summary to " + o_.run.metrics());
+  if (telemetry_) {
+    telemetry_->OnMetricsLine(j);
+    telemetry_->Finish(Snapshot(), progress_.Stats(),
+                       !summary_.failure.empty() ? "failed"
+                       : summary_.stopped        ? "stopped"
+                                                 : "finished");
+  }
   if (o_.print) {
     for (auto& line : progress_.SummaryLines(summary_.learner_summary, acc)) o_.print(line);
   }
+}
+
+std::string Head::Impl::JobState() const {
+  return shutting_down_ ? "stopping" : "running";
 }
 
 std::vector<ActorStatus> Head::Impl::Snapshot() const {
@@ -933,6 +974,7 @@ std::vector<ActorStatus> Head::Impl::Snapshot() const {
     s.restarts = r.restarts;
     s.last_heartbeat_ns = r.last_heartbeat_ns;
     s.stats = r.stats;
+    for (const auto& [name, address] : r.endpoints) s.endpoints[name] = address;
     out.push_back(std::move(s));
   }
   return out;
@@ -953,6 +995,9 @@ Result<std::unique_ptr<Head>> Head::Create(HeadOptions options,
 
 const std::string& Head::endpoint() const {
   return impl_->endpoint();
+}
+std::string Head::dashboard_url() const {
+  return impl_->dashboard_url();
 }
 Status Head::Run() {
   return impl_->Run();

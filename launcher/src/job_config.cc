@@ -255,6 +255,12 @@ void Describe(config::Binder& b, BroadcastConfig& c) {
       [](ZmqTopology x) { return std::string(ZmqTopologyName(x)); }, ParseZmqTopology);
   b.Field("nccl_device", &c.nccl_device, "CUDA device of the learner (nccl)");
   b.Field("zmq_hwm_chunks", &c.zmq_hwm_chunks, "ZeroMQ high-water mark in chunks per data socket");
+  b.Field("allow_unauthenticated_gloo", &c.allow_unauthenticated_gloo,
+          "run gloo across nodes with CURVE on anyway: its TCP pairs are neither authenticated nor "
+          "encrypted (a host that reaches them can read or inject weights)");
+  b.Field("allow_unauthenticated_nccl", &c.allow_unauthenticated_nccl,
+          "run nccl across nodes with CURVE on anyway: NCCL's connections are neither "
+          "authenticated nor encrypted (a host that reaches them can read or inject weights)");
 }
 }  // namespace broadcast
 
@@ -606,6 +612,10 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("broadcast", &c.broadcast, "weight broadcast from the learner to rollout actors");
   b.Section("checkpoint", &c.checkpoint, "learner checkpoints");
   b.Section("stop", &c.stop, "when the job ends");
+  b.Section("dashboard", &c.dashboard, "the head's web dashboard and Prometheus /metrics");
+  b.Section("tensorboard", &c.tensorboard, "TensorBoard event files in RUN/tb/");
+  b.Section("rollout_samples", &c.rollout_samples,
+            "a sample of every update's sequences in RUN/rollouts.jsonl");
   if (b.mode() != Binder::Mode::kRead) return;
 
   // ---- cross-section validation (each component's own rules first)
@@ -675,6 +685,24 @@ void Describe(Binder& b, JobConfig& c) {
       static_cast<int32_t>(bs.prompts_per_update / std::max<uint32_t>(1, bs.groups_per_message));
   Check(b, "trainer", c.trainer.Validate());
   Check(b, "broadcast", c.broadcast.Validate());
+  // CURVE protects every ZeroMQ socket (the zmq and shm weight paths included); gloo's and
+  // NCCL's own connections it cannot: across nodes, only by explicit consent.
+  if (CurveEnabled(c.cluster) && c.cluster.backend != "local") {
+    const auto& bc = c.broadcast;
+    auto refuse = [&](const char* backend, const char* key) {
+      b.Error("broadcast.backend",
+              std::string(backend) +
+                  " moves the weights between nodes over connections that nothing "
+                  "authenticates or encrypts, while CURVE protects every other socket of this "
+                  "job: use backend zmq (CURVE-encrypted), or set broadcast." +
+                  key +
+                  ": true to accept that a host that reaches them can read or inject weights");
+    };
+    if (bc.backend == broadcast::Backend::kGloo && !bc.allow_unauthenticated_gloo)
+      refuse("gloo", "allow_unauthenticated_gloo");
+    if (bc.backend == broadcast::Backend::kNccl && !bc.allow_unauthenticated_nccl)
+      refuse("nccl", "allow_unauthenticated_nccl");
+  }
   if (c.checkpoint.ack != "checkpoint" && c.checkpoint.ack != "trained") {
     b.Error("checkpoint.ack", "must be checkpoint or trained, got '" + c.checkpoint.ack + "'");
   }

@@ -78,4 +78,42 @@ void Describe(config::Binder& b, ClusterSpec& c) {
   }
 }
 
+void Describe(config::Binder& b, DashboardSpec& c) {
+  b.Field("enabled", &c.enabled, "serve the dashboard and Prometheus /metrics while the job runs");
+  b.Field("bind", &c.bind,
+          "address the dashboard listens on (a non-loopback address requires the printed token)");
+  b.Field("port", &c.port, "TCP port of the dashboard (0: any free port)");
+  b.Field("sample_ms", &c.sample_ms,
+          "period of the head's job-wide `heartbeat` lines in metrics.jsonl (live curves)");
+  if (b.mode() == config::Binder::Mode::kRead) {
+    if (c.bind.empty()) b.Error("bind", "is empty (127.0.0.1 serves this machine only)");
+    if (c.port > 65535) b.Error("port", "must be a TCP port (0-65535)");
+    if (c.sample_ms < 100) b.Error("sample_ms", "must be at least 100");
+  }
+}
+
+void Describe(config::Binder& b, TensorboardSpec& c) {
+  b.Field("enabled", &c.enabled, "write TensorBoard event files to RUN/tb/");
+  b.Field("texts_per_eval", &c.texts_per_eval,
+          "transcripts written as TensorBoard text at each evaluation (0: none)");
+  if (b.mode() == config::Binder::Mode::kRead && c.texts_per_eval > 64)
+    b.Error("texts_per_eval", "must be at most 64");
+}
+
+void Describe(config::Binder& b, RolloutSampleSpec& c) {
+  b.Field("per_update", &c.per_update,
+          "sequences of each optimizer update sampled into RUN/rollouts.jsonl (0: none)");
+  b.Field("tokens", &c.tokens, "also record token ids, loss mask and per-token policy versions");
+  b.Field("max_text_chars", &c.max_text_chars,
+          "prompt and response texts in rollouts.jsonl are cut to this many bytes");
+  if (b.mode() == config::Binder::Mode::kRead) {
+    if (c.per_update > 256) b.Error("per_update", "must be at most 256");
+    if (c.max_text_chars < 16) b.Error("max_text_chars", "must be at least 16");
+  }
+}
+
+bool CurveEnabled(const ClusterSpec& c) {
+  return c.curve == "on" || (c.curve == "auto" && c.backend != "local");
+}
+
 }  // namespace troupe::launcher

@@ -5,6 +5,7 @@
 //   troupe run --resume RUN                               continue from the last checkpoint
 //   troupe status [RUN]                                   actors table
 //   troupe logs [RUN] ACTOR [-f] | --all [-f]             one actor's log / all, interleaved
+//   troupe dashboard [RUN] [--bind ADDR[:PORT]]           serve a run's dashboard from its folder
 //   troupe scale [RUN] rollout=N [reward=M]               grow or shrink a role while it runs
 //   troupe stop [RUN]                                     graceful stop (learner checkpoints)
 //   troupe config-keys                                    every config key with its doc
@@ -30,6 +31,7 @@
 
 #include "troupe/core/log.h"
 #include "troupe/launcher/control_client.h"
+#include "troupe/launcher/dashboard.h"
 #include "troupe/launcher/head.h"
 #include "troupe/launcher/job_config.h"
 #include "troupe/launcher/run_dir.h"
@@ -72,6 +74,7 @@ struct RunArgs {
   std::string resume;
   std::string runs_dir;
   std::string log_level = "info";
+  std::string dashboard_bind;  // --dashboard-bind ADDR[:PORT]
 };
 
 std::atomic<Head*> g_head{nullptr};
@@ -204,6 +207,11 @@ int CmdRun(RunArgs a) {
   }
   if (!job.ok()) return Fail(job.status().message(), 2);
   if (!a.runs_dir.empty()) job->runs_dir = a.runs_dir;
+  if (!a.dashboard_bind.empty()) {
+    Status b = ParseDashboardBind(a.dashboard_bind, &job->dashboard.bind, &job->dashboard.port);
+    if (!b.ok()) return Fail(b.message(), 2);
+    job->dashboard.enabled = true;
+  }
   if (!job->warm_start.init_from.empty() && a.resume.empty()) {
     // The learner reads it from its own working directory: pin it to ours.
     std::error_code ec;
@@ -313,6 +321,17 @@ int CmdRun(RunArgs a) {
   ho.actor_env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
   if (!a.resume.empty()) ho.actor_env["TROUPE_RESUME"] = "1";
   ho.live_progress = !a.detach && ::isatty(STDOUT_FILENO);
+  TelemetryOptions tele;
+  tele.job_name = job->name;
+  tele.dashboard = job->dashboard;
+  tele.tensorboard = job->tensorboard;
+  if (job->dashboard.enabled && !IsLoopbackAddress(job->dashboard.bind)) {
+    // Anything beyond this machine sees the job only with the token.
+    auto token = NewDashboardToken();
+    if (!token.ok()) return Fail(token.status().message());
+    tele.dashboard_token = *token;
+  }
+  ho.telemetry = tele;
   ho.print = [](const std::string& line) {
     std::cout << line
               << (line.rfind('\r', 0) == 0 && line.find("\033[K") == std::string::npos ? "" : "\n")
@@ -320,11 +339,21 @@ int CmdRun(RunArgs a) {
   };
   auto head = Head::Create(ho, std::move(net).value(), std::move(spawner));
   if (!head.ok()) return Fail(head.status().message());
-  Status w = WriteHeadInfo(run, HeadInfo{(*head)->endpoint(), ::getpid(), job->name});
+  const std::string dashboard = (*head)->dashboard_url();
+  const std::string dashboard_public = dashboard.substr(0, dashboard.find("?token="));
+  if (!tele.dashboard_token.empty()) {
+    nlohmann::json d = {{"url", dashboard}, {"token", tele.dashboard_token}};
+    Status t = WriteFileAtomic(run.secrets() + "/dashboard.json", d.dump(2) + "\n", 0600);
+    if (!t.ok()) return Fail(t.message());
+  }
+  HeadInfo info{(*head)->endpoint(), ::getpid(), job->name};
+  info.dashboard = dashboard_public;
+  Status w = WriteHeadInfo(run, info);
   if (!w.ok()) return Fail(w.message());
   std::cout << "troupe: " << job->name << " -> " << run.path << "  (head " << (*head)->endpoint()
-            << ")\n"
-            << std::flush;
+            << ")\n";
+  if (!dashboard.empty()) std::cout << "troupe: dashboard " << dashboard << "\n";
+  std::cout << std::flush;
   g_head = head->get();
   Status s = (*head)->Run();
   g_head = nullptr;
@@ -426,7 +455,10 @@ int CmdStatus(const std::string& runs_dir, std::vector<std::string> pos, bool st
   if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
   auto r = SendControl(*run, "status", Deadline::InMs(5000));
   if (!r.ok()) return Fail(r.status().message());
-  std::cout << "run " << run->path << "\n" << FormatStatusTable(*r, stats);
+  std::cout << "run " << run->path << "\n";
+  if (auto info = ReadHeadInfo(*run); info.ok() && !info->dashboard.empty())
+    std::cout << "dashboard " << info->dashboard << "\n";
+  std::cout << FormatStatusTable(*r, stats);
   return 0;
 }
 
@@ -488,6 +520,39 @@ int CmdStop(const std::string& runs_dir, std::vector<std::string> pos, int wait_
   return Fail("the head is still running after " + std::to_string(wait_s) + " s");
 }
 
+// `troupe dashboard [RUN]`: the dashboard of a run from its folder alone
+// (finished, or running elsewhere), until Ctrl-C.
+int CmdDashboard(const std::string& runs_dir, std::vector<std::string> pos, const std::string& bind) {
+  if (pos.size() > 1) return Fail("dashboard takes at most a RUN argument", 2);
+  auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
+  if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
+  if (!fs::exists(run->metrics()))
+    return Fail("'" + run->path + "' is not a run folder (no metrics.jsonl)", 2);
+  DashboardOptions o;
+  if (!bind.empty()) {
+    Status b = ParseDashboardBind(bind, &o.bind, &o.port);
+    if (!b.ok()) return Fail(b.message(), 2);
+  }
+  if (!IsLoopbackAddress(o.bind)) {
+    auto token = NewDashboardToken();
+    if (!token.ok()) return Fail(token.status().message());
+    o.token = *token;
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before the server's threads start
+  auto d = Dashboard::Start(*run, o);
+  if (!d.ok()) return Fail(d.status().message());
+  std::cout << "troupe: dashboard of " << run->path << "\ntroupe: dashboard " << (*d)->url()
+            << "  (Ctrl-C to stop)\n"
+            << std::flush;
+  int sig = 0;
+  sigwait(&set, &sig);
+  return 0;
+}
+
 int CmdConfigKeys() {
   for (const auto& k : JobConfigKeys()) {
     if (k.type == "section") {
@@ -519,6 +584,9 @@ int main(int argc, char** argv) {
   run->add_option("--resume", ra.resume,
                   "continue RUN (a run folder or name) from its last checkpoint");
   run->add_option("--log-level", ra.log_level, "head log level");
+  run->add_option("--dashboard-bind", ra.dashboard_bind,
+                  "serve the dashboard on ADDR[:PORT] (default 127.0.0.1, any free port); any "
+                  "non-loopback address requires the token printed with the URL");
 
   std::vector<std::string> pos;
   bool with_stats = false;
@@ -541,6 +609,14 @@ int main(int argc, char** argv) {
       app.add_subcommand("stop", "stop a run gracefully (learner checkpoints, everyone exits)");
   stop->add_option("run", pos, "[RUN]");
   stop->add_option("--wait", wait_s, "seconds to wait for the head to exit (0: don't wait)");
+
+  std::string dash_bind;
+  auto* dash = app.add_subcommand(
+      "dashboard", "serve a run's dashboard from its folder (a finished run, or one running elsewhere)");
+  dash->add_option("run", pos, "[RUN]");
+  dash->add_option("--bind", dash_bind,
+                   "ADDR[:PORT] to listen on (default 127.0.0.1, any free port; other addresses "
+                   "require the printed token)");
 
   auto* keys =
       app.add_subcommand("config-keys", "list every job config key with its type, default and doc");
@@ -570,6 +646,7 @@ int main(int argc, char** argv) {
     if (*scale) return CmdScale(runs_dir, pos);
     if (*stop) return CmdStop(runs_dir, pos, wait_s);
     if (*keys) return CmdConfigKeys();
+    if (*dash) return CmdDashboard(runs_dir, pos, dash_bind);
     if (*tokenize) return RunTokenize(tokenize_args);
     if (*chat_template) return RunChatTemplate(chat_template_args);
     if (*export_cmd) return RunExport(runs_dir, export_args);

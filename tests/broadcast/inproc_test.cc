@@ -1,16 +1,24 @@
 // Protocol tests with the sender and several receivers in one process (real
 // sockets, real gloo groups, real shared memory; threads instead of
-// processes). Fast to run; the multi-process test covers crashes.
+// processes; each actor has its own ZeroMQ transport network). Fast to run;
+// the multi-process test covers crashes.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
 #include <future>
 #include <map>
 #include <random>
+#include <set>
+#include <sstream>
 
 #include "troupe/broadcast/receiver.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
+#include "troupe/transport/zmq_network.h"
 #include "weights_fixture.h"
 
 namespace troupe::broadcast {
@@ -31,6 +39,15 @@ uint64_t Seed() {
 
 const WeightsSpec kSpec{6, 64, 128, 512};
 
+// One actor's network (real ZeroMQ sockets).
+std::unique_ptr<transport::Network> Net(const std::string& actor) {
+  transport::ZmqNetworkOptions o;
+  o.identity.actor_id = actor;
+  auto n = transport::NewZmqNetwork(o);
+  EXPECT_TRUE(n.ok()) << n.status().ToString();
+  return std::move(n).value();
+}
+
 BroadcastConfig TestConfig(Backend backend) {
   BroadcastConfig c;
   c.backend = backend;
@@ -45,6 +62,7 @@ BroadcastConfig TestConfig(Backend backend) {
 
 // A receiver whose sink checks every delivery against MakeWeights(seed, version).
 struct CheckedReceiver {
+  std::unique_ptr<transport::Network> net;  // outlives the receiver
   std::unique_ptr<WeightReceiver> receiver;
   std::atomic<int> mismatches{0};
   std::atomic<uint64_t> last{0};
@@ -59,7 +77,8 @@ struct CheckedReceiver {
     rc.learner_timeout_ms = 8000;
     rc.node = node;
     CheckedReceiver* self = out.get();
-    auto r = WeightReceiver::Create(rc, [self, wire](const ReceivedWeights& w) {
+    out->net = Net(id);
+    auto r = WeightReceiver::Create(rc, *out->net, [self, wire](const ReceivedWeights& w) {
       Status st = CompareWeights(w.named, MakeWeights(Seed(), w.version, kSpec), wire);
       if (!st.ok()) ++self->mismatches;
       self->last = w.version;
@@ -93,7 +112,8 @@ TEST_P(InprocBackends, ThreeReceiversGetEveryVersionBitExact) {
   cfg.gloo_algorithm = c.gloo;
   cfg.zmq_topology = c.zmq;
   cfg.wire_dtype = c.wire;
-  auto sender = WeightSender::Create(cfg);
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(cfg, *net);
   ASSERT_TRUE(sender.ok()) << sender.status().ToString();
   WeightSender& s = **sender;
   std::vector<std::unique_ptr<CheckedReceiver>> rs;
@@ -125,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(Inproc, NewcomerIsCaughtUpThenJoinsAndLeaverIsConfirmed) {
-  auto sender = WeightSender::Create(TestConfig(Backend::kGloo));
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kGloo), *net);
   ASSERT_TRUE(sender.ok());
   WeightSender& s = **sender;
   auto a = CheckedReceiver::Make("a", s.endpoint(), WireDtype::kAsStored);
@@ -148,13 +169,15 @@ TEST(Inproc, NewcomerIsCaughtUpThenJoinsAndLeaverIsConfirmed) {
 }
 
 TEST(Inproc, ReceiveWithoutSinkReturnsTheNewestVersion) {
-  auto sender = WeightSender::Create(TestConfig(Backend::kZmq));
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kZmq), *net);
   ASSERT_TRUE(sender.ok());
   ReceiverConfig rc;
   rc.actor_id = "plain";
   rc.learner_endpoint = (*sender)->endpoint();
   rc.heartbeat_ms = 100;
-  auto r = WeightReceiver::Create(rc);
+  auto rnet = Net("plain");
+  auto r = WeightReceiver::Create(rc, *rnet);
   ASSERT_TRUE(r.ok());
   ASSERT_TRUE((*sender)->WaitForMembers(1, Deadline::InMs(20000)).ok());
   EXPECT_EQ((*r)->Receive(Deadline::InMs(50)).status().code(), Code::kTimeout);
@@ -172,7 +195,8 @@ TEST(Inproc, ReceiveWithoutSinkReturnsTheNewestVersion) {
 }
 
 TEST(Inproc, ShmServesRemoteNodesOverZmq) {
-  auto sender = WeightSender::Create(TestConfig(Backend::kShm));
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kShm), *net);
   ASSERT_TRUE(sender.ok());
   auto local = CheckedReceiver::Make("local", (*sender)->endpoint(), WireDtype::kAsStored);
   auto remote =
@@ -189,13 +213,15 @@ TEST(Inproc, ShmServesRemoteNodesOverZmq) {
 TEST(Inproc, SinkErrorIsReportedToTheLearner) {
   BroadcastConfig cfg = TestConfig(Backend::kZmq);
   cfg.max_attempts = 1;
-  auto sender = WeightSender::Create(cfg);
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(cfg, *net);
   ASSERT_TRUE(sender.ok());
   ReceiverConfig rc;
   rc.actor_id = "picky";
   rc.learner_endpoint = (*sender)->endpoint();
   rc.heartbeat_ms = 100;
-  auto r = WeightReceiver::Create(rc, [](const ReceivedWeights& w) {
+  auto rnet = Net("picky");
+  auto r = WeightReceiver::Create(rc, *rnet, [](const ReceivedWeights& w) {
     return w.version == 2 ? InvalidArgument("engine refused version 2") : Status::Ok();
   });
   ASSERT_TRUE(r.ok());
@@ -210,7 +236,8 @@ TEST(Inproc, SinkErrorIsReportedToTheLearner) {
 }
 
 TEST(Inproc, NewcomerWhoseCatchUpFailsDoesNotStallTheGroup) {
-  auto sender = WeightSender::Create(TestConfig(Backend::kZmq));
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kZmq), *net);
   ASSERT_TRUE(sender.ok());
   auto good = CheckedReceiver::Make("good", (*sender)->endpoint(), WireDtype::kAsStored);
   ASSERT_TRUE((*sender)->WaitForMembers(1, Deadline::InMs(20000)).ok());
@@ -221,7 +248,8 @@ TEST(Inproc, NewcomerWhoseCatchUpFailsDoesNotStallTheGroup) {
   rc.heartbeat_ms = 100;
   std::atomic<int> refused{0};
   std::promise<void> first_refusal;
-  auto bad = WeightReceiver::Create(rc, [&](const ReceivedWeights& w) {
+  auto bnet = Net("bad");
+  auto bad = WeightReceiver::Create(rc, *bnet, [&](const ReceivedWeights& w) {
     if (!w.catch_up) return Status::Ok();
     if (refused++ == 0) first_refusal.set_value();
     return Internal("refusing catch-up");
@@ -245,8 +273,55 @@ TEST(Inproc, NewcomerWhoseCatchUpFailsDoesNotStallTheGroup) {
   }
 }
 
+// Local addresses (hex, as /proc/net/tcp{,6} print them) of every TCP socket this process
+// listens on.
+std::vector<std::string> ListeningAddresses() {
+  std::set<std::string> inodes;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      char target[256] = {0};
+      std::string link = std::string("/proc/self/fd/") + e->d_name;
+      if (::readlink(link.c_str(), target, sizeof(target) - 1) <= 0) continue;
+      std::string t = target;
+      if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+    }
+    ::closedir(d);
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state == "0A" && inodes.count(inode)) out.push_back(local.substr(0, local.find(':')));
+    }
+  }
+  return out;
+}
+
+// For a local job every socket of the broadcast (control, data, gloo's rendezvous and pairs)
+// binds loopback: c10d's TCPStore, which listens on every interface, is not used.
+TEST(Inproc, NothingOfTheBroadcastListensOnAWildcardAddress) {
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kGloo), *net);
+  ASSERT_TRUE(sender.ok());
+  auto a = CheckedReceiver::Make("a", (*sender)->endpoint(), WireDtype::kAsStored);
+  auto b = CheckedReceiver::Make("b", (*sender)->endpoint(), WireDtype::kAsStored);
+  ASSERT_TRUE((*sender)->WaitForMembers(2, Deadline::InMs(20000)).ok());
+  RunVersions(**sender, 1, 1);
+  auto listening = ListeningAddresses();
+  EXPECT_GE(listening.size(), 3u);  // at least the control socket and both data sockets
+  const std::set<std::string> loopback = {"0100007F", "0000000000000000FFFF00000100007F",
+                                          "00000000000000000000000001000000"};
+  for (const auto& addr : listening) EXPECT_TRUE(loopback.count(addr)) << "listening on " << addr;
+}
+
 TEST(Inproc, VersionsMustIncreaseAndBadTensorsAreRejected) {
-  auto sender = WeightSender::Create(TestConfig(Backend::kZmq));
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(TestConfig(Backend::kZmq), *net);
   ASSERT_TRUE(sender.ok());
   RunVersions(**sender, 5, 5);
   EXPECT_EQ((*sender)->Broadcast(5, MakeWeights(Seed(), 5, kSpec), Deadline::InMs(5000)).code(),

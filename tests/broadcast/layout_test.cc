@@ -1,13 +1,15 @@
 // Unit tests of the broadcast's building blocks: layout planning, packing,
-// bf16 wire cast, checksums, the control-message codec (including malformed
-// input) and config validation.
+// bf16 wire cast, checksums, the message codec on top of the transport's
+// decoder (including malformed and foreign input) and config validation.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "protocol.h"
 #include "troupe/broadcast/config.h"
 #include "troupe/broadcast/layout.h"
+#include "troupe/transport/message.h"
 #include "weights_fixture.h"
 
 namespace troupe::broadcast {
@@ -103,6 +105,29 @@ TEST(Layout, ChecksumDetectsAFlippedBitAndNamesTheBucket) {
   EXPECT_TRUE(VerifyChecksums(p.layout, p.bytes.data()).ok());
 }
 
+// The stream checksum both sides log: the same for the same bytes, different when one bucket
+// differs, 0 without checksums.
+TEST(Layout, StreamChecksumFollowsEveryBucket) {
+  auto w = MakeWeights(Seed(), 4);
+  Packed a = PackAll(w, WireDtype::kAsStored, 8192, true);
+  Packed b = PackAll(w, WireDtype::kAsStored, 8192, true);
+  EXPECT_EQ(StreamChecksum(a.layout), StreamChecksum(b.layout));
+  EXPECT_NE(StreamChecksum(a.layout), 0u);
+  b.bytes[b.bytes.size() / 2] ^= 1;
+  ComputeChecksums(&b.layout, b.bytes.data());
+  EXPECT_NE(StreamChecksum(a.layout), StreamChecksum(b.layout));
+  EXPECT_EQ(StreamChecksum(PackAll(w, WireDtype::kAsStored, 8192, false).layout), 0u);
+}
+
+// Learner and receivers pick the same versions to trace from the same sequence.
+TEST(Layout, ChecksumTracePicksTheFirstVersionPastEachMultiple) {
+  uint64_t last = 0;
+  std::vector<uint64_t> traced;
+  for (uint64_t v : {3, 7, 49, 52, 53, 99, 120, 121, 30, 31})
+    if (TraceChecksum(v, &last)) traced.push_back(v);
+  EXPECT_EQ(traced, (std::vector<uint64_t>{3, 52, 120, 30}));  // 30: a restarted learner
+}
+
 TEST(Layout, ChecksumDependsOnEveryByteAndLength) {
   std::vector<uint8_t> a(1000, 7);
   uint64_t h = Checksum64(a.data(), a.size());
@@ -172,6 +197,38 @@ TEST(Layout, ValidateReceivedRejectsInconsistentManifests) {
   EXPECT_EQ(l.ValidateReceived(100).code(), Code::kResourceExhausted);
 }
 
+// The frames a transport socket would send for `m` (header + segments).
+struct Wire {
+  std::string header;
+  std::vector<std::string> segments;
+};
+
+Wire Frames(const transport::OutMessage& m) {
+  m.Seal({"test", 1});
+  Wire w;
+  transport::EncodeHeader(m, 0, &w.header);
+  for (const auto& seg : transport::Segments(m))
+    w.segments.emplace_back(static_cast<const char*>(seg.data), seg.size);
+  return w;
+}
+
+// What a receiving socket hands the broadcast: the transport's decode, then ours. The
+// InMessage stays alive in `in` (chunk payloads point into it).
+Result<proto::Message> Receive(const Wire& w, transport::InMessage* in) {
+  auto owned = std::make_shared<Wire>(w);
+  transport::FrameSet fs;
+  fs.frames.push_back({owned->header.data(), owned->header.size()});
+  for (const auto& seg : owned->segments) fs.frames.push_back({seg.data(), seg.size()});
+  fs.owner = owned;
+  TROUPE_ASSIGN_OR_RETURN(*in, transport::DecodeMessage(std::move(fs), transport::DecodeLimits{}));
+  return proto::Decode(*in);
+}
+
+Result<proto::Message> RoundTrip(const transport::OutMessage& m) {
+  transport::InMessage in;
+  return Receive(Frames(m), &in);
+}
+
 TEST(Protocol, MessagesRoundTrip) {
   proto::Header h{"learner", 42};
   {
@@ -179,17 +236,20 @@ TEST(Protocol, MessagesRoundTrip) {
                       "gloo",
                       {"learner", "r1"},
                       {"", "tcp://127.0.0.1:5"},
-                      "127.0.0.1:99",
+                      "tcp://127.0.0.1:99",
+                      "troupe/weights/7/0123abcd",
                       std::string(128, '\x01'),
                       1234,
                       "chain"};
-    auto m = proto::Decode(proto::EncodeGroup(h, g).data(), proto::EncodeGroup(h, g).size());
+    auto m = RoundTrip(proto::EncodeGroup(h, g));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     EXPECT_EQ(m->kind, proto::Kind::kGroup);
     EXPECT_EQ(m->sender, "learner");
     EXPECT_EQ(m->incarnation, 42u);
     EXPECT_EQ(m->group.members, g.members);
     EXPECT_EQ(m->group.endpoints, g.endpoints);
+    EXPECT_EQ(m->group.store_address, g.store_address);
+    EXPECT_EQ(m->group.store_prefix, g.store_prefix);
     EXPECT_EQ(m->group.nccl_id, g.nccl_id);
     EXPECT_EQ(m->group.timeout_ms, 1234u);
     EXPECT_EQ(m->group.algorithm, "chain");
@@ -200,8 +260,7 @@ TEST(Protocol, MessagesRoundTrip) {
     p.layout.version = 9;
     p.layout.transfer = kCatchUpBit | 3;
     proto::ManifestMsg mm{p.layout, "/seg", 4096, 6};
-    auto bytes = proto::EncodeManifest(h, mm);
-    auto m = proto::Decode(bytes.data(), bytes.size());
+    auto m = RoundTrip(proto::EncodeManifest(h, mm));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     const Layout& l = m->manifest.layout;
     EXPECT_EQ(l.version, 9u);
@@ -214,47 +273,90 @@ TEST(Protocol, MessagesRoundTrip) {
     EXPECT_TRUE(l.ValidateReceived(uint64_t{1} << 40).ok());
   }
   {
-    proto::ChunkMsg c{3, 4, 2, 100, true};
-    auto bytes = proto::EncodeChunk(h, c);
-    auto m = proto::Decode(bytes.data(), bytes.size());
-    ASSERT_TRUE(m.ok());
+    // The payload is its own frame, sent without a copy, and arrives as a view over it.
+    std::vector<uint8_t> bytes(20000);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+    proto::ChunkMsg c{3, 4, 2, 100, true, {}};
+    auto out = proto::EncodeChunk(h, c, transport::TensorBytes::FromVector(bytes));
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    Wire w = Frames(*out);
+    EXPECT_EQ(w.segments.size(), 2u);  // the header struct, then the payload
+    transport::InMessage in;
+    auto m = Receive(w, &in);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
     uint64_t abs = 0;
     ASSERT_TRUE(m->chunk.Absolute(1000, &abs));
     EXPECT_EQ(abs, 2100u);
     EXPECT_TRUE(m->chunk.last);
+    ASSERT_EQ(m->chunk.payload.bytes, bytes.size());
+    EXPECT_EQ(std::memcmp(m->chunk.payload.data, bytes.data(), bytes.size()), 0);
   }
   {
-    auto bytes = proto::EncodeAck({"r1", 5}, proto::AckMsg{3, 4, false, "checksum"});
-    auto m = proto::Decode(bytes.data(), bytes.size());
+    auto m = RoundTrip(proto::EncodeAck({"r1", 5}, proto::AckMsg{3, 4, false, "checksum"}));
     ASSERT_TRUE(m.ok());
     EXPECT_FALSE(m->ack.ok);
     EXPECT_EQ(m->ack.reason, "checksum");
-    bytes = proto::EncodeHeartbeat({"r1", 5}, {proto::PeerState::kLeaving, 8});
-    m = proto::Decode(bytes.data(), bytes.size());
+    m = RoundTrip(proto::EncodeHeartbeat({"r1", 5}, {proto::PeerState::kLeaving, 8}));
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(m->heartbeat.state, proto::PeerState::kLeaving);
-    bytes = proto::EncodeRegister({"r1", 5}, {"host", 77, "tcp://1.2.3.4:5", 3});
-    m = proto::Decode(bytes.data(), bytes.size());
+    m = RoundTrip(proto::EncodeRegister({"r1", 5}, {"host", 77, "tcp://1.2.3.4:5", 3}));
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(m->reg.data_endpoint, "tcp://1.2.3.4:5");
     EXPECT_EQ(m->reg.pid, 77);
   }
+  {
+    proto::StoreRequestMsg r{9, proto::StoreOp::kCompareSet, {"p/a", "p/b"}, "new", "old", -3, 77};
+    auto m = RoundTrip(proto::EncodeStoreRequest({"r1", 5}, r));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->kind, proto::Kind::kStoreRequest);
+    EXPECT_EQ(m->store_request.op, proto::StoreOp::kCompareSet);
+    EXPECT_EQ(m->store_request.keys, r.keys);
+    EXPECT_EQ(m->store_request.value, "new");
+    EXPECT_EQ(m->store_request.expected, "old");
+    EXPECT_EQ(m->store_request.delta, -3);
+    EXPECT_EQ(m->store_request.timeout_ms, 77u);
+    m = RoundTrip(proto::EncodeStoreReply(h, {9, false, "timed out", std::string("\0x", 2), 4}));
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->store_reply.id, 9u);
+    EXPECT_FALSE(m->store_reply.ok);
+    EXPECT_EQ(m->store_reply.error, "timed out");
+    EXPECT_EQ(m->store_reply.value, std::string("\0x", 2));
+  }
+}
+
+TEST(Protocol, ForeignOrInconsistentMessagesAreRefusedByName) {
+  // A well-formed message of another channel (an echo) is not part of the broadcast.
+  transport::OutMessage echo;
+  echo.envelope().initBody().initEcho().setText("hi");
+  auto m = RoundTrip(echo);
+  EXPECT_EQ(m.status().code(), Code::kProtocol);
+  EXPECT_NE(m.status().message().find("echo"), std::string::npos) << m.status().ToString();
+  // A Register whose actor id is not its sender's.
+  transport::OutMessage reg = proto::EncodeRegister({"r1", 5}, {"host", 1, "tcp://1.2.3.4:5", 0});
+  reg.envelope().getBody().getRegister().setActorId("rollout-0");
+  m = RoundTrip(reg);
+  EXPECT_EQ(m.status().code(), Code::kProtocol);
+  EXPECT_NE(m.status().message().find("differs from the envelope sender"), std::string::npos);
+  // A chunk without its payload, or with inline data.
+  transport::OutMessage bare;
+  bare.envelope().initBody().initWeightsChunk().setVersion(1);
+  EXPECT_NE(RoundTrip(bare).status().message().find("without a payload"), std::string::npos);
 }
 
 TEST(Protocol, GarbageNeverCrashesTheDecoder) {
   std::mt19937_64 rng(Seed());
   auto w = MakeWeights(Seed(), 6, {2, 16, 32, 64});
   Packed p = PackAll(w, WireDtype::kAsStored, 8192, true);
-  std::string good = proto::EncodeManifest({"learner", 1}, {p.layout, "", 0, 0});
-  EXPECT_EQ(proto::Decode("", 0).status().code(), Code::kMalformed);
-  EXPECT_EQ(proto::Decode("abc", 3).status().code(), Code::kMalformed);
+  const Wire good = Frames(proto::EncodeManifest({"learner", 1}, {p.layout, "", 0, 0}));
+  ASSERT_EQ(good.segments.size(), 1u);
   int decoded = 0;
   for (int trial = 0; trial < 3000; ++trial) {
-    std::string bad = good;
+    Wire bad = good;
+    std::string& seg = bad.segments[0];
     int flips = 1 + static_cast<int>(rng() % 8);
-    for (int i = 0; i < flips; ++i) bad[rng() % bad.size()] = static_cast<char>(rng());
-    if (trial % 3 == 0) bad.resize((rng() % (bad.size() / 8)) * 8);
-    auto m = proto::Decode(bad.data(), bad.size());
+    for (int i = 0; i < flips; ++i) seg[rng() % seg.size()] = static_cast<char>(rng());
+    transport::InMessage in;
+    auto m = Receive(bad, &in);
     if (!m.ok()) {
       EXPECT_FALSE(m.status().message().empty());
       continue;
@@ -280,10 +382,15 @@ TEST(Config, ValidationNamesTheField) {
   c = {};
   c.shm_prefix = "no-slash";
   EXPECT_NE(c.Validate().message().find("shm_prefix"), std::string::npos);
+  c = {};
+  c.chunk_bytes = 4096 + 4;
+  EXPECT_NE(c.Validate().message().find("multiple of 8"), std::string::npos);
   ReceiverConfig r;
+  EXPECT_NE(r.Validate().message().find("learner_endpoint"), std::string::npos);
+  r.actor_id = "rollout 0";  // empty means the network's actor id; a bad one is named
+  r.learner_endpoint = "tcp://127.0.0.1:5555";
   EXPECT_NE(r.Validate().message().find("actor_id"), std::string::npos);
   r.actor_id = "rollout-0";
-  EXPECT_NE(r.Validate().message().find("learner_endpoint"), std::string::npos);
   r.learner_endpoint = "tcp://127.0.0.1:5555";
   EXPECT_TRUE(r.Validate().ok());
   r.data_endpoint = "tcp://*:0";

@@ -16,10 +16,11 @@
 #include <random>
 
 #include "child_process.h"
-#include "nccl_group.h"
+#include "nccl_path.h"
 #include "troupe/broadcast/receiver.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
+#include "troupe/transport/zmq_network.h"
 #include "weights_fixture.h"
 
 namespace troupe::broadcast {
@@ -44,6 +45,14 @@ uint64_t Seed() {
 
 int Gpus() {
   return NcclGroup::VisibleDevices();
+}
+
+std::unique_ptr<transport::Network> Net(const std::string& actor) {
+  transport::ZmqNetworkOptions o;
+  o.identity.actor_id = actor;
+  auto n = transport::NewZmqNetwork(o);
+  TROUPE_CHECK_MSG(n.ok(), "network: {}", n.status().ToString());
+  return std::move(n).value();
 }
 
 #define REQUIRE_GPUS(n)                                                               \
@@ -86,7 +95,8 @@ TEST(Nccl, LearnerAloneBroadcasts) {
   BroadcastConfig cfg;
   cfg.backend = Backend::kNccl;
   cfg.timeout_ms = 10000;
-  auto s = WeightSender::Create(cfg);
+  auto net = Net("learner");
+  auto s = WeightSender::Create(cfg, *net);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_TRUE((*s)->Broadcast(1, MakeWeights(Seed(), 1, kSpec), Deadline::InMs(30000)).ok());
 }
@@ -119,7 +129,8 @@ TEST_F(NcclProcesses, EveryGpuReceiverHoldsEveryVersionAndSurvivesAKill) {
   cfg.timeout_ms = 10000;
   cfg.heartbeat_ms = 100;
   cfg.member_timeout_ms = 40000;
-  auto s = WeightSender::Create(cfg);
+  auto net = Net("learner");
+  auto s = WeightSender::Create(cfg, *net);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   std::vector<ChildProcess*> rs;
   for (int i = 0; i < receivers; ++i)
@@ -158,8 +169,9 @@ int RunChild(int argc, char** argv) {
   hooks.on_progress = [&](uint64_t v, uint64_t got, uint64_t total) {
     if (kill != 0 && v == kill && got >= total / 2) ::raise(SIGKILL);
   };
+  auto net = Net(a["id"]);
   auto r = WeightReceiver::Create(
-      rc,
+      rc, *net,
       [&](const ReceivedWeights& w) {
         Status st = CompareWeights(w.named, MakeWeights(seed, w.version, kSpec), w.wire_dtype);
         std::printf("HOLD %llu %s\n", static_cast<unsigned long long>(w.version),

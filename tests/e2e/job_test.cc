@@ -21,10 +21,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <zmq.h>
 
 #include "e2e_util.h"
 #include "troupe/launcher/control_client.h"
@@ -207,11 +209,21 @@ TEST(EndToEnd, KilledLearnerRestartsFromItsCheckpoint) {
   ASSERT_EQ(::kill(learner, SIGKILL), 0);
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
-  EXPECT_GE(job.Metrics("resume").size(), 1u)
-      << "the restarted learner did not resume from a checkpoint";
+  auto resume = job.Metrics("resume");
+  ASSERT_EQ(resume.size(), 1u) << "the restarted learner did not resume from a checkpoint";
+  // It resumed where it checkpointed (after update 20, version 120 or later),
+  // not from the warm start, and did not warm-start again.
+  EXPECT_GE(resume[0].value("version", 0.0), 120.0) << resume[0].dump();
+  EXPECT_GT(resume[0].value("ledger_batches", 0.0), 0.0) << resume[0].dump();
+  EXPECT_EQ(job.Metrics("warm_start").size(), 1u) << job.Output();
   auto sum = job.Metrics("summary");
   ASSERT_FALSE(sum.empty());
-  EXPECT_GE(sum.back().value("steps", 0.0), 80.0);
+  EXPECT_EQ(sum.back().value("steps", 0.0), 80.0);
+  EXPECT_EQ(sum.back().value("learner_restarts", 0.0), 1.0);
+  // The warm start's accuracy is the job's, not a second warm start's.
+  EXPECT_EQ(sum.back().value("warm_accuracy", -1.0),
+            job.Metrics("warm_start")[0].value("eval_accuracy", -2.0));
+  ExpectAccountingHolds(job);
 }
 
 TEST(EndToEnd, ActorsExitWhenTheHeadDies) {
@@ -337,6 +349,64 @@ TEST(EndToEnd, ScaleRolloutUpAndDownWhileRunning) {
                                              << m.dump() << "\n" << job.Output();
   }
   EXPECT_EQ(drained, 2) << job.Output();
+}
+
+// Garbage at every endpoint the job's actors serve (random bytes, a
+// truncated header, an oversized frame, a valid-looking but foreign
+// message): each is rejected and counted, operators see the counts in the
+// heartbeat stats (`troupe status --stats`: transport.rejected.*), and the
+// job trains on and accounts for everything.
+TEST(EndToEnd, GarbageAtEveryEndpointIsRejectedCountedAndTrainingGoesOn) {
+  Job job(Short(60), "garbage");
+  std::map<std::string, std::string> targets;  // "<actor>.<endpoint>" -> address
+  ASSERT_TRUE(job.WaitStatus(
+      [&](const ControlResult& st) {
+        if (!st.progress.count("step") || st.progress.at("step") < 10) return false;
+        targets.clear();
+        for (const auto& a : st.actors)
+          for (const auto& [name, address] : a.endpoints)
+            if (address.rfind("tcp://", 0) == 0) targets[a.id + "." + name] = address;
+        return targets.count("learner-0.data") && targets.count("reward-0.data");
+      },
+      300000))
+      << job.Output();
+  void* ctx = zmq_ctx_new();
+  std::mt19937 rng(7);
+  for (const auto& [what, address] : targets) {
+    void* s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 200;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    ASSERT_EQ(zmq_connect(s, address.c_str()), 0) << what << " " << address;
+    for (int i = 0; i < 50; ++i) {
+      std::string junk(1 + rng() % 300, '\0');
+      for (char& c : junk) c = static_cast<char>(rng());
+      zmq_send(s, junk.data(), junk.size(), 0);
+    }
+    const char header[] = "TRP";  // a truncated header frame
+    zmq_send(s, header, 3, ZMQ_SNDMORE);
+    zmq_send(s, "x", 1, 0);
+    std::string big(8 << 20, 'B');  // bigger than any message the job sends
+    zmq_send(s, big.data(), big.size(), 0);
+    zmq_close(s);
+  }
+  zmq_ctx_term(ctx);
+  // The receivers counted what they refused.
+  ASSERT_TRUE(job.WaitStatus(
+      [&](const ControlResult& st) {
+        int seen = 0;
+        for (const auto& a : st.actors) {
+          if (a.id != "learner-0" && a.id != "reward-0") continue;
+          auto it = a.stats.find("transport.rejected");
+          if (it != a.stats.end() && it->second >= 50) ++seen;
+        }
+        return seen == 2;
+      },
+      60000))
+      << "rejections not counted in the heartbeats\n"
+      << job.Output();
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
 }
 
 // A full run folder is fatal, not a crash to retry: the learner's first

@@ -121,6 +121,13 @@ TEST_F(CliTest, BadInvocationsAndBadFilesAreOneLineErrorsWithExitTwo) {
       {{"export", "--to", "@out", "--max-shard-size", "5XB"}, "unknown unit"},
       {{"export", "--to", "@out", "--max-shard-size", "0"}, "must be > 0"},
       {{"export", "--to", "@out", "--checkpoint", "abc"}, "--checkpoint"},
+      {{"run", "@ok.yaml", "--dashboard-bind", "host:99999"}, "0-65535"},
+      {{"run", "@ok.yaml", "--dashboard-bind", "[::1"}, "--dashboard-bind"},
+      {{"run", "@ok.yaml", "--set", "dashboard.sample_ms=5"}, "dashboard.sample_ms"},
+      {{"run", "@ok.yaml", "--set", "rollout_samples.per_update=100000"}, "rollout_samples.per_update"},
+      {{"dashboard", "nosuch"}, "unknown run"},
+      {{"dashboard", "a", "b"}, "at most"},
+      {{"dashboard", "@a folder"}, "not a run folder"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args;

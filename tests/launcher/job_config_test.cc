@@ -82,6 +82,29 @@ TEST(JobConfig, BadValuesNameTheKeyAndFile) {
   }
 }
 
+// Across nodes with CURVE on, the weight backends CURVE cannot cover (gloo's and NCCL's own
+// connections) are refused unless the user consents with a key that names what it gives up.
+TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {
+  ConfigFile remote("remote", "name: r\ncluster:\n  backend: ssh\n  hosts:\n    - name: h1\n");
+  auto gloo = LoadJobConfig(remote.path(), {"broadcast.backend=gloo"});
+  ASSERT_FALSE(gloo.ok());
+  EXPECT_NE(gloo.status().message().find("broadcast.backend"), std::string::npos);
+  EXPECT_NE(gloo.status().message().find("broadcast.allow_unauthenticated_gloo"), std::string::npos)
+      << gloo.status().message();
+  auto nccl = LoadJobConfig(remote.path(), {"broadcast.backend=nccl"});
+  ASSERT_FALSE(nccl.ok());
+  // (a build without NCCL refuses it for that reason first)
+  EXPECT_NE(nccl.status().message().find("nccl"), std::string::npos) << nccl.status().message();
+  EXPECT_TRUE(LoadJobConfig(remote.path(),
+                            {"broadcast.backend=gloo", "broadcast.allow_unauthenticated_gloo=true"})
+                  .ok());
+  EXPECT_TRUE(LoadJobConfig(remote.path(), {"broadcast.backend=zmq"}).ok());
+  // Without CURVE there is nothing to be consistent with; on one host gloo binds loopback.
+  EXPECT_TRUE(LoadJobConfig(remote.path(), {"broadcast.backend=gloo", "cluster.curve=off"}).ok());
+  ConfigFile local("local", "name: l\ncluster:\n  curve: on\nbroadcast:\n  backend: gloo\n");
+  EXPECT_TRUE(LoadJobConfig(local.path(), {}).ok());
+}
+
 // A tiny SentencePiece-style tokenizer.json (+ tokenizer_config.json) in a temp folder.
 class TokenizerFolder {
  public:

@@ -11,8 +11,9 @@
 // and runs real jobs (configs/multinode_ssh.yaml, configs/multinode_slurm.yaml
 // with test overrides) through the ssh and slurm backends: placement, `troupe
 // status` nodes, remote logs, scale onto a new host, a refusing host, CURVE
-// refusal across nodes, no secret on any command line or log, a network
-// partition, srun steps under salloc and a job submitted with sbatch. Every
+// refusal across nodes, no secret on any command line or log, a stranger
+// without keys refused by every socket of a job (training unaffected), a
+// network partition, srun steps under salloc and a job submitted with sbatch. Every
 // namespace, daemon and process is torn down at the end, also when a test
 // fails (a watchdog runs the teardown if this process dies).
 //
@@ -64,6 +65,9 @@ std::string Troupe() {
 }
 std::string ActorBinary() {
   return fs::absolute(BuildDir() + "/actors/troupe-actor").string();
+}
+std::string Probe() {
+  return fs::absolute(BuildDir() + "/tests/multinode/multinode_probe").string();
 }
 
 struct Cmd {
@@ -507,6 +511,161 @@ TEST_F(MultinodeTest, SshPlacesScalesOntoANewHostAndRefusesKeylessClients) {
     std::string text = Slurp(f.path().string());
     for (auto& k : keys) EXPECT_EQ(text.find(k), std::string::npos) << "key in " << f.path();
   }
+}
+
+// A stranger on the network: from h5, a host that is not part of the job, a
+// client without the job's keys tries every endpoint the job exposes — the
+// head, the learner's data and weight-broadcast control sockets, both rollout
+// actors' weight data sockets (the chain), the reward actor — three ways each:
+// raw garbage over TCP, a plain ZeroMQ client sending well-formed Troupe
+// messages (a Register under a real actor's name, a valid-looking weight chunk
+// "from the learner") and garbage frames, and a CURVE client that knows the
+// server's public key but not the job's client key. Nothing gets in; each
+// refusal is counted by the socket it hit (logged by its owner: the handshake
+// failure on that endpoint, the ZAP denial of the unknown key), and training is
+// unaffected: every rollout actor holds the learner's bytes (the stream checksum
+// it verified after the probes equals the learner's for the same version).
+TEST_F(MultinodeTest, UnauthenticatedPeersAreRefusedEverywhereAndTrainingIsUnaffected) {
+  std::string runs = dir_ + "/private/stranger-runs";
+  std::vector<std::string> argv = {Troupe(), "--runs-dir", runs, "run",
+                                   SourceDir() + "/configs/multinode_ssh.yaml"};
+  std::vector<std::string> sets = QuickJob();
+  sets.insert(sets.end(),
+              {"cluster.hosts=" + SshHosts(), "cluster.ssh_config=" + dir_ + "/ssh/ssh_config",
+               "rollout.hosts=[h1, h2]", "reward.hosts=[h3]", "broadcast.checksum=true",
+               "stop.max_steps=100000", "stop.max_seconds=300"});
+  for (auto& s : sets) argv.insert(argv.end(), {"--set", s});
+  Job job(runs, argv);
+  ASSERT_TRUE(job.WaitStarted()) << job.output();
+  ControlResult st;
+  const std::vector<std::string> actors = {"learner-0", "reward-0", "rollout-0", "rollout-1"};
+  ASSERT_TRUE(job.WaitReady(actors, 120000, &st)) << FormatStatusTable(st) << job.output();
+  ASSERT_EQ(job.Find(st, "learner-0")->node, "h4");
+  ASSERT_TRUE(job.WaitStep(2, 120000)) << job.output();
+  auto log = [&](const std::string& id) { return Slurp(job.run().logs() + "/" + id + ".log"); };
+
+  // Every endpoint the job exposes, as its owner announced it.
+  struct Target {
+    std::string owner, what, endpoint;
+  };
+  std::vector<Target> targets;
+  auto head = ReadHeadInfo(job.run());
+  ASSERT_TRUE(head.ok()) << head.status().ToString();
+  targets.push_back({"head", "head control", head->endpoint});
+  auto find = [&](const std::string& owner, const std::string& what, const std::string& in,
+                  const std::string& re) {
+    std::string ep;
+    EXPECT_TRUE(Eventually(
+        [&] {
+          auto m = Matches(log(in), re);
+          if (!m.empty()) ep = m[0][1].str();
+          return !ep.empty();
+        },
+        30000))
+        << "no line /" << re << "/ in " << in << ".log";
+    targets.push_back({owner, what, ep});
+  };
+  find("learner-0", "learner data", "reward-0", "learner at (tcp://[0-9.]+:[0-9]+)");
+  find("learner-0", "weight broadcast control", "learner-0",
+       "weights sender learner-0 on (tcp://[0-9.]+:[0-9]+)");
+  for (const char* r : {"rollout-0", "rollout-1"})
+    find(r, "weight chain data", r,
+         std::string("weights receiver ") + r + " \\(data (tcp://[0-9.]+:[0-9]+)\\)");
+  find("reward-0", "reward data", "reward-0", "reward actor serving at (tcp://[0-9.]+:[0-9]+)");
+  ASSERT_FALSE(HasFailure());
+  auto curve = json::parse(Slurp(job.run().secrets() + "/curve.json"), nullptr, false);
+  ASSERT_FALSE(curve.is_discarded());
+  const std::string server_key = curve.value("server_public", "");
+  ASSERT_EQ(server_key.size(), 40u);
+
+  // The stranger tries them all.
+  std::vector<std::string> probe = {Probe(), "--server-key", server_key};
+  for (const auto& t : targets) probe.push_back(t.endpoint);
+  Cmd tried = InHost("h5", probe, 180000);
+  std::cout << tried.out;
+  ASSERT_EQ(tried.code, 0) << tried.out;
+  auto lines = Matches(tried.out, "PROBE (\\S+) (raw|plain|curve) (\\S+)");
+  EXPECT_EQ(lines.size(), targets.size() * 3) << tried.out;
+  for (const auto& m : lines)
+    EXPECT_NE(m[3].str(), "accepted") << m[2] << " client got into " << m[1];
+
+  // Each refusal is counted by the socket it hit: its owner's transport logs the refused
+  // handshake naming that endpoint, and its ZAP handler the unknown client key (log lines
+  // are rate-limited per process: a probe is repeated until its line is there).
+  for (const auto& t : targets) {
+    const std::string owner_log = t.owner == "head" ? "head" : t.owner;
+    const std::string refused = t.endpoint + ": refused a connection (handshake failed";
+    const std::string denied = "refused a client from " + Addr("h5") + ": client key not allowed";
+    EXPECT_TRUE(Eventually(
+        [&] {
+          std::string text = log(owner_log);
+          if (text.find(refused) != std::string::npos && text.find(denied) != std::string::npos)
+            return true;
+          InHost("h5", {Probe(), "--server-key", server_key, "--wait-ms", "500", t.endpoint},
+                 30000);
+          return false;
+        },
+        60000))
+        << t.what << " (" << t.endpoint << "): no refusal counted in " << owner_log << ".log";
+    if (t.owner != "head") {
+      ControlResult now = job.Status();
+      auto* a = job.Find(now, t.owner);
+      if (a && a->stats.count("transport.handshake_failures")) {  // once heartbeats carry them
+        EXPECT_GT(a->stats.at("transport.handshake_failures"), 0) << t.owner;
+      }
+    }
+  }
+  // Nothing reached the broadcast: it never had to refuse a message itself.
+  for (const auto& id : actors) {
+    std::string text = log(id);
+    EXPECT_EQ(text.find("refused a message"), std::string::npos) << id;
+    EXPECT_EQ(text.find("rejected version"), std::string::npos) << id;
+  }
+
+  // Training is unaffected: after the probes, each rollout actor holds exactly the bytes the
+  // learner sent (the stream checksum it verified equals the learner's for the same version).
+  uint64_t after = 0;
+  ControlResult now = job.Status();
+  for (const char* r : {"rollout-0", "rollout-1"}) {
+    auto* a = job.Find(now, r);
+    ASSERT_NE(a, nullptr);
+    after = std::max(after, a->policy_version);
+  }
+  std::map<uint64_t, std::string> sent;  // version -> learner's stream checksum
+  const std::string sent_re =
+      "version ([0-9]+) reached [0-9]+ member\\(s\\): stream checksum ([0-9a-f]+)";
+  const std::string held_re =
+      "holding version ([0-9]+): stream checksum ([0-9a-f]+) \\(verified\\)";
+  uint64_t common = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (const auto& m : Matches(log("learner-0"), sent_re))
+          sent[std::stoull(m[1].str())] = m[2].str();
+        std::map<uint64_t, int> held;  // versions both rollouts verified, after the probes
+        for (const char* r : {"rollout-0", "rollout-1"})
+          for (const auto& m : Matches(log(r), held_re)) {
+            uint64_t v = std::stoull(m[1].str());
+            auto it = sent.find(v);
+            if (v <= after || it == sent.end()) continue;
+            EXPECT_EQ(m[2].str(), it->second) << r << " holds other bytes at version " << v;
+            ++held[v];
+          }
+        for (const auto& [v, n] : held)
+          if (n == 2) common = v;
+        return common != 0;
+      },
+      180000))
+      << "no version after " << after << " traced by the learner and both rollout actors";
+  std::cout << "version " << common << ": rollout-0, rollout-1 and the learner agree on stream "
+            << "checksum " << sent[common] << "\n";
+
+  Cmd stop = RunCmd({Troupe(), "--runs-dir", runs, "stop", "--wait", "0"}, 30000);
+  EXPECT_EQ(stop.code, 0) << stop.out;
+  auto e = job.Wait(120000);
+  ASSERT_TRUE(e.has_value()) << job.output();
+  EXPECT_TRUE(e->exited && e->code == 0) << e->ToString() << job.output();
+  ExpectAccounting(job.Summary());
+  EXPECT_TRUE(ActorsAnywhere().empty()) << ActorsAnywhere()[0];
 }
 
 // Cutting a host's link: its actor is marked lost within the heartbeat

@@ -13,6 +13,7 @@
 #include "troupe/trainer/config.h"
 #include "troupe/trainer/lag_gate.h"
 #include "troupe/trainer/loss.h"
+#include "troupe/trainer/metrics.h"
 #include "troupe/trainer/lr_schedule.h"
 #include "troupe/trainer/packing.h"
 
@@ -98,6 +99,10 @@ TEST(Loss, ClippedDecoupledHandComputed) {
   EXPECT_NEAR(out.stats.ratio_max, std::exp(0.5), 1e-5);
   EXPECT_NEAR(out.stats.mismatch_sum, 0.2 + 0.0 + 2.0, 1e-5);
   EXPECT_NEAR(out.stats.mismatch_max, 2.0, 1e-5);
+  // Raw weights 1 in (0.95, 1.05], e^0.2 in (1.1, 1.25], e^2 above the last edge (2); the
+  // masked token in none.
+  ASSERT_EQ(out.stats.is_weight_histogram.size(), IsWeightEdges().size() + 1);
+  EXPECT_EQ(out.stats.is_weight_histogram, (std::vector<double>{0, 0, 0, 0, 1, 0, 1, 0, 1}));
   // Gradient: only the unclipped token carries one, -w*A*ratio*weight.
   out.loss.backward();
   auto g = in.logprobs.grad();

@@ -180,6 +180,10 @@ TEST(Learner, OnPolicyRatioIsOne) {
   EXPECT_GT(m->grad_norm, 0.0);
   EXPECT_NEAR(m->reward_mean, 0.5, 1e-9);
   EXPECT_NEAR(m->reward_std, 0.5, 1e-9);
+  // Every group's mean reward (two of four samples rewarded), every trained token at weight 1.
+  EXPECT_EQ(m->group_rewards, (std::vector<double>{0.5, 0.5, 0.5, 0.5}));
+  ASSERT_EQ(m->is_weight_histogram.size(), IsWeightEdges().size() + 1);
+  EXPECT_EQ(m->is_weight_histogram[4], m->tokens) << "on-policy: all in (0.95, 1.05]";
 }
 
 TEST(Learner, StaleWithinLagIsTrainedWithTruncatedWeights) {
@@ -207,6 +211,8 @@ TEST(Learner, StaleWithinLagIsTrainedWithTruncatedWeights) {
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->lag_histogram, (std::vector<int64_t>{0, 0, 1}));
   EXPECT_EQ(m->is_truncated_fraction, 1.0);
+  EXPECT_EQ(m->is_weight_histogram.back(), m->tokens) << "every raw weight ~e: above the last edge";
+  EXPECT_EQ(m->group_rewards, (std::vector<double>{0.5}));
   EXPECT_NEAR(m->is_weight_mean, 1.5, 1e-6);
   EXPECT_GT(m->is_weight_max, 2.0);  // ~e times the version drift
   EXPECT_GT(m->logprob_mismatch_mean, 0.5);

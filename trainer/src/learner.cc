@@ -561,6 +561,16 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
       reward_sq += static_cast<double>(r) * r;
       ++reward_n;
     }
+    // Group means (groups by group_index, else contiguous runs of group_size).
+    std::map<int64_t, std::pair<double, int64_t>> groups;
+    for (size_t i = 0; i < gb.batch.rewards.size(); ++i) {
+      const int64_t gid = gb.batch.group_index.size() == gb.batch.rewards.size()
+                              ? gb.batch.group_index[i]
+                              : static_cast<int64_t>(i) / std::max<int64_t>(1, gb.batch.group_size);
+      groups[gid].first += gb.batch.rewards[i];
+      groups[gid].second += 1;
+    }
+    for (const auto& [gid, sn] : groups) m.group_rewards.push_back(sn.first / static_cast<double>(sn.second));
   }
   if (reward_n > 0) {
     m.reward_mean = reward_sum / static_cast<double>(reward_n);
@@ -625,6 +635,7 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
     m.is_truncated_fraction = total.truncated / tokens;
     m.logprob_mismatch_mean = total.mismatch_sum / tokens;
     m.logprob_mismatch_max = total.mismatch_max;
+    for (double c : total.is_weight_histogram) m.is_weight_histogram.push_back(static_cast<int64_t>(std::llround(c)));
     if (!std::isfinite(m.loss)) {
       return Internal("non-finite loss {}: optimizer step skipped", m.loss);
     }

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "troupe/core/check.h"
+#include "troupe/trainer/metrics.h"
 
 namespace troupe::trainer {
 
@@ -23,6 +24,10 @@ void PolicyLossStats::Add(const PolicyLossStats& o) {
   truncated += o.truncated;
   mismatch_sum += o.mismatch_sum;
   mismatch_max = std::max(mismatch_max, o.mismatch_max);
+  if (is_weight_histogram.size() < o.is_weight_histogram.size())
+    is_weight_histogram.resize(o.is_weight_histogram.size(), 0.0);
+  for (size_t i = 0; i < o.is_weight_histogram.size(); ++i)
+    is_weight_histogram[i] += o.is_weight_histogram[i];
 }
 
 namespace {
@@ -94,6 +99,8 @@ PolicyLossResult ComputePolicyLoss(const PolicyLossInputs& in, const PolicyLossC
       (mismatch * onf).sum(),
       at::where(on, mismatch, neg_inf).max(),
   };
+  // Trained tokens with w_raw <= edge, per edge (the histogram is their differences).
+  for (double edge : IsWeightEdges()) parts.push_back(((w_raw <= edge).logical_and(on)).to(at::kFloat).sum());
   const at::Tensor all = at::stack(parts).to(at::kDouble).contiguous();
   const double* v = all.data_ptr<double>();
   PolicyLossStats& s = out.stats;
@@ -109,6 +116,14 @@ PolicyLossResult ComputePolicyLoss(const PolicyLossInputs& in, const PolicyLossC
   s.truncated = v[9];
   s.mismatch_sum = v[10];
   s.mismatch_max = std::max(0.0, v[11]);
+  const size_t edges = IsWeightEdges().size();
+  s.is_weight_histogram.assign(edges + 1, 0.0);
+  double below = 0;
+  for (size_t i = 0; i < edges; ++i) {
+    s.is_weight_histogram[i] = v[12 + i] - below;
+    below = v[12 + i];
+  }
+  s.is_weight_histogram[edges] = s.tokens - below;
   return out;
 }
 

@@ -44,6 +44,8 @@ std::string StepMetrics::ToJson() const {
   j["kind"] = kind;
   for (const auto& [name, value] : Stats()) j[name] = value;
   j["lag_histogram"] = lag_histogram;
+  j["group_rewards"] = group_rewards;
+  j["is_weight_histogram"] = is_weight_histogram;
   return j.dump();
 }
 

@@ -43,6 +43,8 @@ struct Envelope {
     broadcastGroup @18 :BroadcastGroup;
     echo @19 :Echo;
     credit @20 :Credit;
+    storeRequest @21 :StoreRequest;
+    storeReply @22 :StoreReply;
   }
 }
 
@@ -303,6 +305,8 @@ struct WeightsManifest {
   shmSegment @8 :Text;         # shm backend: POSIX shm name holding this version (empty: not via shm)
   shmOffset @9 :UInt64;        # shm backend: byte offset of the stream inside the segment
   shmGeneration @10 :UInt64;   # shm backend: slot generation (seqlock) the reader must see before and after
+  chunkToken @11 :UInt64;      # random per transfer: every WeightsChunk of it carries the same token
+                               # (a peer that cannot read the manifest cannot forge its chunks)
 }
 
 struct TensorSlot {
@@ -314,14 +318,17 @@ struct TensorSlot {
   bytes @5 :UInt64;            # byte length on the wire
 }
 
-# One chunk of one bucket (zmq backend and newcomer catch-up).
+# One chunk of the weight stream (zmq backend, newcomer catch-up, shm members on other
+# nodes), learner or chain predecessor -> receiver data socket.
 struct WeightsChunk {
   version @0 :UInt64;
   bucket @1 :UInt32;
   offset @2 :UInt64;           # byte offset inside the bucket
-  data @3 :Data;
+  data @3 :Data;               # unused (must be empty): the bytes travel in `payload`
   last @4 :Bool;               # last chunk of the whole broadcast
   transfer @5 :UInt64;         # the manifest's epoch field: group epoch, or a catch-up id (top bit set)
+  payload @6 :Tensor;          # uint8 [n]: the chunk's bytes (their own frame, sent without a copy)
+  token @7 :UInt64;            # the manifest's chunkToken
 }
 
 # learner -> members: the broadcast group for an epoch.
@@ -329,11 +336,46 @@ struct BroadcastGroup {
   epoch @0 :UInt64;
   backend @1 :Text;            # "gloo", "nccl", "zmq", "shm"
   members @2 :List(Text);      # actor ids; index = rank (rank 0 is the learner)
-  storeAddress @3 :Text;       # TCPStore host:port for gloo/nccl rendezvous
+  storeAddress @3 :Text;       # gloo: this epoch's rendezvous store (a transport endpoint, tcp://host:port)
   ncclUniqueId @4 :Data;       # 128-byte ncclUniqueId for the nccl backend
   timeoutMs @5 :UInt32;        # collective timeout
   memberEndpoints @6 :List(Text);  # data endpoint of each member (index = rank; zmq chain/star)
   algorithm @7 :Text;          # data path: "chain", "broadcast" (gloo) or "star" (zmq)
+  storePrefix @8 :Text;        # gloo: this epoch's secret key prefix in the rendezvous store at
+                               # storeAddress (random per epoch; the store refuses other keys)
+}
+
+# receiver -> learner, on the rendezvous socket of one epoch (storeAddress): one operation
+# on the key-value store a gloo group forms through (c10d::Store semantics). Only members of
+# the epoch learn the address and the prefix (BroadcastGroup, on the control socket).
+enum StoreOp {
+  set @0;                      # keys[0] = value
+  get @1;                      # value of keys[0]; held until it exists or timeoutMs
+  add @2;                      # keys[0] += delta (an integer in decimal text); reply: new value
+  check @3;                    # number = 1 when every key exists, else 0
+  wait @4;                     # held until every key exists or timeoutMs
+  deleteKey @5;                # number = 1 when keys[0] existed
+  numKeys @6;                  # number = keys in this epoch's store
+  compareSet @7;               # keys[0] = value if it equals `expected` (or is missing and
+                               # `expected` is empty); reply value: the value now
+}
+
+struct StoreRequest {
+  id @0 :UInt64;               # echoed in the reply
+  op @1 :StoreOp;
+  keys @2 :List(Text);         # full keys, each starting with the epoch's storePrefix
+  value @3 :Data;              # set, compareSet: the new value
+  expected @4 :Data;           # compareSet: the value expected now
+  delta @5 :Int64;             # add
+  timeoutMs @6 :UInt32;        # get, wait: longest time the learner holds the request
+}
+
+struct StoreReply {
+  id @0 :UInt64;               # the request's id
+  ok @1 :Bool;
+  error @2 :Text;              # when not ok: one line (timeout, key outside the prefix, limits)
+  value @3 :Data;              # get, compareSet
+  number @4 :Int64;            # add, check, deleteKey, numKeys
 }
 
 # ---------------------------------------------------------------- reference

@@ -24,6 +24,8 @@ const char* RejectReasonName(RejectReason reason) {
       return "unknown_kind";
     case RejectReason::kBadTensor:
       return "bad_tensor";
+    case RejectReason::kUnexpected:
+      return "unexpected";
     case RejectReason::kCount:
       break;
   }

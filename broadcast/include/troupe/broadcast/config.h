@@ -64,8 +64,9 @@ struct BroadcastConfig {
   // Tensors are packed back to back into one flat stream cut into buckets of this size:
   // the unit of a collective call and of a checksum. Larger = fewer calls, more latency. 32 MiB.
   uint64_t bucket_bytes = 32 * kMiB;
-  // Pipelining unit of the chain paths (zmq frames, gloo send/recv). Smaller = lower per-hop
-  // latency on a chain, more per-message overhead; keep ZeroMQ frames at a few MiB. 1 MiB.
+  // Pipelining unit of the chain paths (zmq frames, gloo send/recv); a multiple of 8 (chunks
+  // go out without a copy). Smaller = lower per-hop latency on a chain, more per-message
+  // overhead; keep ZeroMQ frames at a few MiB. 1 MiB.
   uint64_t chunk_bytes = 1 * kMiB;
   // Down-cast float32 to bfloat16 on the wire (receivers cast back). Default: as stored.
   WireDtype wire_dtype = WireDtype::kAsStored;
@@ -86,12 +87,20 @@ struct BroadcastConfig {
   // Where the learner's control socket binds (tcp://host:port with port 0 = pick one, or
   // ipc://path). Receivers connect here. Default tcp://127.0.0.1:0.
   std::string control_endpoint = "tcp://127.0.0.1:0";
-  // Address the learner's c10d TCPStore binds and advertises (gloo rendezvous). 127.0.0.1.
+  // Address the gloo rendezvous store binds (a transport socket on the learner's network, a
+  // fresh port per epoch; its endpoint travels only in BroadcastGroup). The learner's bind
+  // address; 127.0.0.1.
   std::string store_host = "127.0.0.1";
-  // Port of the TCPStore; 0 = pick a free one (the address travels in BroadcastGroup).
-  uint16_t store_port = 0;
-  // Address the learner's gloo device binds (must be reachable by receivers). 127.0.0.1.
+  // Address the learner's gloo device binds (must be reachable by receivers; never a
+  // wildcard). 127.0.0.1.
   std::string gloo_hostname = "127.0.0.1";
+  // gloo and nccl move the bytes over connections that nothing authenticates or encrypts
+  // (c10d/Gloo pairs, NCCL sockets): a host that reaches them can read the weights or inject
+  // its own. The launcher refuses either across nodes with CURVE on unless the matching key is
+  // true, i.e. you accept that on your network. zmq and shm are covered by CURVE. Default
+  // false. (Not read by the sender: the decision is the launcher's, which knows the hosts.)
+  bool allow_unauthenticated_gloo = false;
+  bool allow_unauthenticated_nccl = false;
   // gloo data path: chain (default; each byte once on the learner's link) or broadcast.
   GlooAlgorithm gloo_algorithm = GlooAlgorithm::kChain;
   // zmq data path: chain (default) or star (K copies from the learner; for comparison).
@@ -107,15 +116,15 @@ struct BroadcastConfig {
   int zmq_hwm_chunks = 16;
   // Node name compared with receivers' for shm locality; empty = this host's name.
   std::string node;
-  // Name of the learner in logs and on the wire. "learner".
-  std::string actor_id = "learner";
+  // Name of the learner in logs and on the wire; empty = the network's actor id. Empty.
+  std::string actor_id;
 
   Status Validate() const;
 };
 
 // Rollout-actor side (WeightReceiver).
 struct ReceiverConfig {
-  // Unique id of this receiver within the job ("rollout-3"); its ZeroMQ routing id. Required.
+  // Unique id of this receiver within the job ("rollout-3"); empty = the network's actor id.
   std::string actor_id;
   // The learner's control endpoint (WeightSender::endpoint()). Required.
   std::string learner_endpoint;

@@ -54,6 +54,7 @@ struct Slot {
 struct Layout {
   uint64_t version = 0;   // policy version
   uint64_t transfer = 0;  // group epoch, or a catch-up id (kCatchUpBit set)
+  uint64_t token = 0;  // random per transfer; its chunks must carry it (the manifest's chunkToken)
   WireDtype wire_dtype = WireDtype::kAsStored;
   uint64_t bucket_bytes = 0;
   uint64_t chunk_bytes = 0;  // pipelining unit of chain paths
@@ -91,6 +92,21 @@ uint64_t Checksum64(const void* data, size_t size, uint64_t seed = 0);
 void ComputeChecksums(Layout* layout, const uint8_t* flat);
 // Verifies layout.checksums (no-op when empty); the error names the first bad bucket.
 Status VerifyChecksums(const Layout& layout, const uint8_t* flat);
+// One checksum of the whole stream, from its bucket checksums (0 when it has none). Equal on
+// the learner and on a receiver whose VerifyChecksums passed: both hold the same bytes.
+uint64_t StreamChecksum(const Layout& layout);
+// With checksums on, the learner and every receiver log the stream checksum of the first
+// version they hold at or past each multiple of kChecksumTraceEvery, so their logs can be
+// compared line by line (both see the same sequence of broadcast versions). True when
+// `version` is such a version; `*last` is the last one traced (updated).
+inline constexpr uint64_t kChecksumTraceEvery = 50;
+inline bool TraceChecksum(uint64_t version, uint64_t* last) {
+  if (version >= *last && version / kChecksumTraceEvery <= *last / kChecksumTraceEvery &&
+      *last != 0)
+    return false;
+  *last = version;
+  return true;
+}
 
 // Bytes of receiver memory needed to cast bfloat16 slots back to float32.
 uint64_t CastAreaBytes(const Layout& layout);

@@ -14,6 +14,15 @@
 // acknowledged to the learner after it returns ok), or, without a sink,
 // Receive() hands out the newest version not yet returned.
 //
+// Sockets (control client, data server, relay, rendezvous) come from the
+// transport::Network it is given: the rollout actor's own network, so CURVE,
+// size limits and TransportCounters are shared with its other sockets. Its
+// control connection has an identity nobody else can guess
+// ("<actor id>/<random>"), so no other peer can take its place at the learner.
+// The data socket takes chunks only from the peer the protocol names for the
+// transfer (the learner, or the predecessor on a chain); others are refused and
+// counted (rejected.unexpected).
+//
 // Threading: one internal thread owns the sockets and the group and runs the
 // sink. Public methods are thread-safe. The destructor tells the learner it is
 // going (so no one waits a timeout for it), stops the thread and closes every
@@ -29,6 +38,10 @@
 #include "troupe/core/deadline.h"
 #include "troupe/core/status.h"
 
+namespace troupe::transport {
+class Network;
+}
+
 namespace troupe::broadcast {
 
 struct ReceiverStats {
@@ -39,13 +52,19 @@ struct ReceiverStats {
   uint64_t epochs = 0;           // groups joined
   uint64_t learner_changes = 0;  // learner incarnations seen after the first
   uint64_t bytes_received = 0;
+  // Well-formed messages refused (wrong kind for the socket, chunks from a peer that is not
+  // the transfer's sender) — also counted as rejected.unexpected in the TransportCounters.
+  uint64_t refused = 0;
 };
 
 class WeightReceiver {
  public:
-  // Validates `config`, binds the data socket, connects to the learner and starts the
-  // receiver thread. `sink` may be null (use Receive). `hooks` are for tests.
+  // Validates `config`, binds the data socket on `network`, connects to the learner and
+  // starts the receiver thread. `network` is borrowed and must outlive the receiver; an
+  // empty config.actor_id means the network's. `sink` may be null (use Receive). `hooks`
+  // are for tests.
   static Result<std::unique_ptr<WeightReceiver>> Create(const ReceiverConfig& config,
+                                                        transport::Network& network,
                                                         WeightsSink sink = nullptr,
                                                         ReceiverHooks hooks = {});
   ~WeightReceiver();

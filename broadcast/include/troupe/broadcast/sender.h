@@ -11,6 +11,14 @@
 // within config.timeout_ms; the group is re-formed without it and (within
 // max_attempts and the deadline) the version is sent again to the rest.
 //
+// Every socket (control, data, the gloo rendezvous) comes from the
+// transport::Network it is given: the learner actor's own network, so CURVE,
+// size limits and TransportCounters are shared with its other sockets. The
+// data path is the backend's (data_path.h); this class keeps membership,
+// epochs, catch-up and acknowledgements. A receiver is known by its actor id
+// *and* its connection: a second connection claiming the id of a live member
+// is refused and counted (it cannot take the member's place), the member stays.
+//
 // Threading: one internal service thread owns all sockets and the process
 // group; it answers registrations, heartbeats and catch-ups even while the
 // learner trains. Public methods are thread-safe; Broadcast calls are
@@ -27,6 +35,10 @@
 #include "troupe/broadcast/types.h"
 #include "troupe/core/deadline.h"
 #include "troupe/core/status.h"
+
+namespace troupe::transport {
+class Network;
+}
 
 namespace troupe::broadcast {
 
@@ -48,13 +60,21 @@ struct SenderStats {
   // Payload bytes the learner handed to its transport: once per destination for zmq, once
   // per transfer for gloo/nccl (gloo's own broadcast then sends more: a tree from the root).
   uint64_t bytes_sent = 0;
+  // Well-formed messages refused on the control socket (a kind it does not take, a sender
+  // whose connection does not match) — also counted as rejected.unexpected in the network's
+  // TransportCounters.
+  uint64_t refused = 0;
+  // Registrations refused because another live connection holds that receiver id.
+  uint64_t takeovers_refused = 0;
 };
 
 class WeightSender {
  public:
-  // Validates `config`, binds the control socket (and the gloo store / shm segment when
-  // used) and starts the service thread. Errors: bad config, endpoint in use.
-  static Result<std::unique_ptr<WeightSender>> Create(const BroadcastConfig& config);
+  // Validates `config`, binds the control socket on `network` and starts the service
+  // thread. `network` is borrowed and must outlive the sender. An empty config.actor_id
+  // means the network's actor id. Errors: bad config, endpoint in use, backend unavailable.
+  static Result<std::unique_ptr<WeightSender>> Create(const BroadcastConfig& config,
+                                                      transport::Network& network);
   ~WeightSender();
   WeightSender(const WeightSender&) = delete;
   WeightSender& operator=(const WeightSender&) = delete;

@@ -1,9 +1,12 @@
 // Clang thread-safety annotations and an annotated mutex.
 //
 // Locks are checked, not commented: members guarded by a mutex carry
-// TROUPE_GUARDED_BY(mu_), functions that need it TROUPE_REQUIRES(mu_). The
-// `clang-thread-safety` build (scripts/check.sh) compiles with
-// -Wthread-safety; with gcc the annotations compile to nothing.
+// TROUPE_GUARDED_BY(mu_), functions that need it TROUPE_REQUIRES(mu_). With
+// gcc the annotations compile to nothing; the test suite's
+// `thread_safety_check` (scripts/check-thread-safety.py) compiles every
+// annotated translation unit with clang -Wthread-safety -Werror. Lambdas that
+// run under the lock (CondVar::wait_until predicates) say so with
+// `[&]() TROUPE_REQUIRES(mu_) { ... }`.
 #pragma once
 
 #include <condition_variable>

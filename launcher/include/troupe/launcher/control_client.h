@@ -23,6 +23,7 @@ struct HeadInfo {
   int pid = 0;
   std::string job;
   std::string host;  // machine the head runs on (its pid means nothing elsewhere); "" = unknown
+  std::string dashboard;  // the dashboard's URL, without its token ("" = none)
 };
 Result<HeadInfo> ReadHeadInfo(const RunDir& run);
 Status WriteHeadInfo(const RunDir& run, const HeadInfo& info);

@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "troupe/launcher/job_spec.h"
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
+#include "troupe/launcher/telemetry.h"
 #include "troupe/transport/socket.h"
 
 namespace troupe::launcher {
@@ -50,6 +52,9 @@ struct HeadOptions {
   std::function<void(const std::string&)> print = nullptr;
   // Role whose clean exit (code 0) means the job is complete. Empty: none.
   std::string completion_role = "learner";
+  // Dashboard, Prometheus /metrics, TensorBoard files, rollouts.jsonl and
+  // status.json (telemetry.h). Unset: none of them.
+  std::optional<TelemetryOptions> telemetry;
 };
 
 // One actor as the head sees it (also what `troupe status` shows).
@@ -60,6 +65,7 @@ struct ActorStatus {
   uint32_t restarts = 0;
   int64_t last_heartbeat_ns = 0;
   std::map<std::string, double> stats;
+  std::map<std::string, std::string> endpoints;  // what it serves, by purpose ("data", "weights")
 };
 
 // What the head knows at the end of a job.
@@ -82,6 +88,8 @@ class Head {
 
   // The control endpoint actors and the CLI connect to.
   const std::string& endpoint() const;
+  // The dashboard's URL ("" without one).
+  std::string dashboard_url() const;
 
   // Spawns the initial actors and supervises until the job completes, is
   // stopped, or fails. Returns ok for completed/stopped jobs, the failure

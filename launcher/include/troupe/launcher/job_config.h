@@ -170,6 +170,9 @@ struct JobConfig {
   broadcast::BroadcastConfig broadcast;
   CheckpointSpec checkpoint;
   StopSpec stop;
+  DashboardSpec dashboard;           // the head's dashboard and Prometheus endpoint
+  TensorboardSpec tensorboard;       // RUN/tb/ event files
+  RolloutSampleSpec rollout_samples;  // RUN/rollouts.jsonl
 
   YAML::Node raw;      // the resolved document (after --set)
   std::string source;  // the file it came from

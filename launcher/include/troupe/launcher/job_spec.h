@@ -37,6 +37,33 @@ struct HeadSpec {
 };
 void Describe(config::Binder& b, HeadSpec& c);
 
+// What the head shows and records about a job besides metrics.jsonl
+// (docs/operations.md, "Seeing a job").
+struct DashboardSpec {
+  bool enabled = true;             // serve the dashboard (and Prometheus /metrics) while the job runs
+  std::string bind = "127.0.0.1";  // address it listens on; any non-loopback address needs the
+                                   // token the head prints (RUN/secrets/dashboard.json)
+  uint32_t port = 0;               // TCP port (0: any free port; the URL is printed at start)
+  uint32_t sample_ms = 2000;       // period of the head's `heartbeat` lines in metrics.jsonl
+                                   // (job-wide heartbeat figures: the dashboard's live curves)
+};
+void Describe(config::Binder& b, DashboardSpec& c);
+
+// TensorBoard event files in RUN/tb/ (every metric, as scalars, histograms and texts).
+struct TensorboardSpec {
+  bool enabled = true;          // write RUN/tb/events.out.tfevents.*
+  uint32_t texts_per_eval = 4;  // transcripts written as text at each evaluation (0: none)
+};
+void Describe(config::Binder& b, TensorboardSpec& c);
+
+// A sample of every update's sequences in RUN/rollouts.jsonl (the dashboard's rollout viewer).
+struct RolloutSampleSpec {
+  uint32_t per_update = 4;         // sequences sampled per optimizer update (0: no rollouts.jsonl)
+  bool tokens = true;              // also write token ids, loss mask and per-token versions
+  uint32_t max_text_chars = 4000;  // prompt and response texts are cut to this many bytes
+};
+void Describe(config::Binder& b, RolloutSampleSpec& c);
+
 // A remote host for the ssh backend.
 struct HostSpec {
   std::string name;     // ssh destination (host name or address)
@@ -66,5 +93,7 @@ struct ClusterSpec {
   std::vector<std::string> sbatch_options;  // `troupe run --submit`: extra sbatch arguments
 };
 void Describe(config::Binder& b, ClusterSpec& c);
+// True when the job's sockets use CURVE: `curve: on`, or `auto` with a remote backend.
+bool CurveEnabled(const ClusterSpec& c);
 
 }  // namespace troupe::launcher

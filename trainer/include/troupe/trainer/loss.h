@@ -23,6 +23,8 @@
 // -A * grad log pi_theta. Pure functions over tensors; thread-compatible.
 #pragma once
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace troupe::trainer {
@@ -61,6 +63,8 @@ struct PolicyLossStats {
   double truncated = 0;      // tokens where w hit is_cap
   double mismatch_sum = 0;   // sum |log pi_prox - log pi_behav|
   double mismatch_max = 0;   // max of the same
+  // Trained tokens by pi_prox/pi_behav before truncation, over IsWeightEdges() (metrics.h).
+  std::vector<double> is_weight_histogram;
 
   void Add(const PolicyLossStats& o);
 };

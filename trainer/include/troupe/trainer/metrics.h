@@ -15,6 +15,12 @@
 
 namespace troupe::trainer {
 
+// Upper edges of StepMetrics::is_weight_histogram's buckets (one more bucket above the last).
+inline const std::vector<double>& IsWeightEdges() {
+  static const std::vector<double> kEdges = {0.5, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 2.0};
+  return kEdges;
+}
+
 struct StepMetrics {
   std::string kind;      // "rl" or "supervised"
   uint64_t step = 0;     // optimizer updates made so far, this one included
@@ -44,6 +50,12 @@ struct StepMetrics {
   int64_t micro_batches = 0;
   // lag_histogram[k] = batches used at lag k in this update (size max_policy_lag + 1).
   std::vector<int64_t> lag_histogram;
+  // Mean reward of each group of the update (the spread GRPO learns from).
+  std::vector<double> group_rewards;
+  // Trained tokens by behaviour importance weight pi_prox/pi_behav before
+  // truncation: is_weight_histogram[i] counts weights in
+  // (IsWeightEdges()[i-1], IsWeightEdges()[i]]; the last entry those above the last edge.
+  std::vector<int64_t> is_weight_histogram;
   double forward_s = 0.0;    // wall seconds in model forward + loss
   double backward_s = 0.0;   // wall seconds in backward
   double optimizer_s = 0.0;  // wall seconds in clip + AdamW step

@@ -15,7 +15,8 @@
 
 namespace troupe::transport {
 
-// Why an incoming message was rejected by the decoder (one counter each).
+// Why an incoming message was rejected (one counter each): by the decoder, or (kUnexpected)
+// by the component that received a well-formed message it does not take.
 enum class RejectReason : int {
   kTruncated = 0,    // too few frames, or a header frame shorter than its fixed part
   kBadMagic,         // the header frame does not start with the Troupe magic (random bytes)
@@ -27,6 +28,8 @@ enum class RejectReason : int {
   kSchemaVersion,    // Envelope.schemaVersion differs from wire::SCHEMA_VERSION
   kUnknownKind,      // Envelope.body is a union member this build does not know
   kBadTensor,        // a Tensor field fails validation (dtype, shape, size)
+  kUnexpected,       // well-formed, but refused by its receiver: a kind that socket does not
+                     // take, or a sender that is not who the protocol expects there
   kCount
 };
 inline constexpr int kRejectReasonCount = static_cast<int>(RejectReason::kCount);

@@ -1,5 +1,6 @@
-// The nccl backend's communicator for one epoch. Built only when CUDA + NCCL
-// are found (TROUPE_BROADCAST_HAVE_NCCL).
+// The nccl backend (GPUs): one NCCL communicator per epoch. Compiled only when
+// CUDA + NCCL are found (nccl_path.cc is then part of the library and the
+// factory in data_path.cc lists it); this header needs neither.
 //
 // The learner creates an ncclUniqueId per epoch and sends it to the members
 // inside BroadcastGroup (the control plane). Every rank initialises a
@@ -11,6 +12,12 @@
 // host stream in, ncclBroadcast fans it out, the others copy it back out (this
 // build's libtorch is CPU-only; with CUDA tensors the copies would be device
 // to device). Not thread-safe; one transfer at a time.
+//
+// What NCCL does not protect: its bootstrap and transport connections are
+// neither authenticated nor encrypted. The ncclUniqueId (which names rank 0's
+// bootstrap address) travels only in the epoch's BroadcastGroup on the
+// control socket; across nodes with CURVE on the launcher refuses nccl unless
+// broadcast.allow_unauthenticated_nccl is set (docs/multinode.md).
 #pragma once
 
 #include <cstdint>
@@ -18,11 +25,16 @@
 #include <memory>
 #include <string>
 
+#include "data_path.h"
 #include "troupe/broadcast/layout.h"
 #include "troupe/core/deadline.h"
 #include "troupe/core/status.h"
 
 namespace troupe::broadcast {
+
+// The paths (nccl_path.cc). The sender's fails at creation when its nccl_device is not visible.
+Result<std::unique_ptr<SenderPath>> NewNcclSenderPath(const SenderContext& context);
+Result<std::unique_ptr<ReceiverPath>> NewNcclReceiverPath(const ReceiverContext& context);
 
 class NcclGroup {
  public:

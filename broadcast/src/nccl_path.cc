@@ -1,5 +1,5 @@
-// nccl backend: non-blocking communicator with abort on timeout (nccl_group.h).
-#include "nccl_group.h"
+// nccl backend: non-blocking communicator with abort on timeout (nccl_path.h).
+#include "nccl_path.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -157,6 +157,114 @@ Status NcclGroup::Transfer(uint8_t* flat, const Layout& layout, Deadline deadlin
       return g.Abort(
           Cancelled("nccl broadcast of version {} abandoned: a newer epoch began", layout.version));
   }
+}
+
+// ----------------------------------------------------------------- paths
+
+namespace {
+
+std::chrono::milliseconds GroupTimeout(const proto::GroupMsg& g) {
+  return std::chrono::milliseconds(g.timeout_ms > 0 ? g.timeout_ms : 10000);
+}
+
+class NcclSenderPath final : public SenderPath {
+ public:
+  explicit NcclSenderPath(const SenderContext& c) : c_(c) {}
+  ~NcclSenderPath() override { Abort(); }
+
+  Status Announce(proto::GroupMsg* group) override {
+    group->algorithm = "broadcast";
+    if (group->members.size() > 1) {
+      TROUPE_ASSIGN_OR_RETURN(group->nccl_id, NcclGroup::NewUniqueId());
+    }
+    return Status::Ok();
+  }
+  Status Form(const proto::GroupMsg& group, const std::vector<PathMember>& members,
+              Deadline deadline, const Interrupt& interrupt) override {
+    Abort();
+    if (members.empty()) return Status::Ok();
+    auto t = std::max(Millis(10), Budget(deadline, GroupTimeout(group)));
+    auto g = NcclGroup::Form(group.nccl_id, 0, static_cast<int>(members.size() + 1),
+                             c_.config->nccl_device, Deadline::In(t), interrupt);
+    if (!g.ok()) return g.status();
+    nccl_ = std::shared_ptr<NcclGroup>(std::move(g).value());
+    return Status::Ok();
+  }
+  Result<Stream> Acquire(uint64_t bytes) override {
+    TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<FlatBuffer> buf, c_.pool->Get(bytes));
+    return Stream{buf->data(), buf};
+  }
+  Status Send(const Layout& layout, const Stream& stream, const std::vector<PathMember>& members,
+              Deadline deadline, const Interrupt& interrupt, uint64_t* bytes_sent) override {
+    if (members.empty()) return Status::Ok();
+    if (!nccl_) return Internal("the nccl communicator of epoch {} is missing", layout.transfer);
+    TROUPE_RETURN_IF_ERROR(nccl_->Transfer(stream.data, layout, deadline, interrupt));
+    *bytes_sent += layout.total_bytes;
+    return Status::Ok();
+  }
+  void Abort() override {
+    c_.reaper->Add(std::move(nccl_));
+    nccl_.reset();
+  }
+
+ private:
+  SenderContext c_;
+  std::shared_ptr<NcclGroup> nccl_;
+};
+
+class NcclReceiverPath final : public ReceiverPath {
+ public:
+  explicit NcclReceiverPath(const ReceiverContext& c) : c_(c) {}
+  ~NcclReceiverPath() override { Abort(); }
+
+  Status Join(const proto::GroupMsg& group, int rank, Deadline deadline,
+              const Interrupt& interrupt) override {
+    Abort();
+    timeout_ = GroupTimeout(group);
+    auto g = NcclGroup::Form(group.nccl_id, rank, static_cast<int>(group.members.size()),
+                             c_.config->nccl_device, deadline, interrupt);
+    if (!g.ok()) return g.status();
+    nccl_ = std::shared_ptr<NcclGroup>(std::move(g).value());
+    return Status::Ok();
+  }
+  Result<Landed> Receive(const proto::ManifestMsg& manifest, const Interrupt& interrupt,
+                         const Progress& progress) override {
+    const Layout& layout = manifest.layout;
+    if (!nccl_) return Unavailable("no nccl communicator for epoch {}", layout.transfer);
+    TROUPE_ASSIGN_OR_RETURN(std::shared_ptr<FlatBuffer> buf, c_.pool->Get(layout.total_bytes));
+    TROUPE_RETURN_IF_ERROR(
+        nccl_->Transfer(buf->data(), layout, Deadline::In(timeout_ * 10), interrupt));
+    if (progress) progress(layout.total_bytes, layout.total_bytes);
+    Landed l;
+    l.data = buf->data();
+    l.owner = buf;
+    l.bytes_received = layout.total_bytes;
+    return l;
+  }
+  bool BreaksOnFailure() const override { return true; }
+  void Abort() override {
+    c_.reaper->Add(std::move(nccl_));
+    nccl_.reset();
+  }
+
+ private:
+  ReceiverContext c_;
+  std::shared_ptr<NcclGroup> nccl_;
+  std::chrono::milliseconds timeout_{10000};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SenderPath>> NewNcclSenderPath(const SenderContext& context) {
+  const int devices = NcclGroup::VisibleDevices();
+  if (devices <= context.config->nccl_device)
+    return Unavailable("nccl backend: CUDA device {} is not visible ({} devices)",
+                       context.config->nccl_device, devices);
+  return std::unique_ptr<SenderPath>(new NcclSenderPath(context));
+}
+
+Result<std::unique_ptr<ReceiverPath>> NewNcclReceiverPath(const ReceiverContext& context) {
+  return std::unique_ptr<ReceiverPath>(new NcclReceiverPath(context));
 }
 
 }  // namespace troupe::broadcast
