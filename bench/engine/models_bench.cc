@@ -14,9 +14,9 @@
 //               the output head at every position (Forward + TokenLogprobs, the plain way) --
 //               what evaluating the 151k-row head only at target positions saves
 //   head share  the output head's share of one forward over the demonstrations
-//   job         with --run RUN (a finished math job): its gen/train tokens/s
+//   job         with --run RUN (a finished math job): its gen/train tokens/s and accuracy
 //
-// usage: models_bench [--layers 28] [--repeats 3] [--run RUN] [--no-python]
+// usage: models_bench [--layers 28] [--repeats 3] [--run RUN] [--no-python] [--only PARTS]
 // Ends with one JSON line.
 #include <unistd.h>
 
@@ -63,6 +63,10 @@ struct Options {
   int repeats = 3;
   std::string run;
   bool python = true;
+  std::string only;  // comma-separated parts to run (load, generate, train); empty: all
+  bool Runs(const std::string& part) const {
+    return only.empty() || ("," + only + ",").find("," + part + ",") != std::string::npos;
+  }
 };
 
 std::string SourceDir() {
@@ -292,23 +296,32 @@ nlohmann::json BenchTrain(const MathJob& m, const Options& o) {
           {"params_m", mc.NumParameters() / 1e6}};
 }
 
+// The job_summary line of a finished run: its learner's generated / trained tokens per second.
 nlohmann::json JobFigures(const std::string& run) {
   if (run.empty()) return nullptr;
   std::ifstream in(run + "/metrics.jsonl");
   nlohmann::json out = nullptr;
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("kind", "") == "final" &&
-        j.value("actor", "").rfind("learner", 0) == 0)
-      out = j;
+    if (j.is_discarded() || j.value("kind", "") != "job_summary" || !j.contains("learner")) continue;
+    const auto& l = j["learner"];
+    out = {{"gen_tokens_per_s", l.value("gen_tokens_per_s", 0.0)},
+           {"train_tokens_per_s", l.value("train_tokens_per_s", 0.0)},
+           {"warm_accuracy", l.value("warm_accuracy", 0.0)},
+           {"best_accuracy", l.value("best_accuracy", 0.0)},
+           {"final_accuracy", l.value("final_accuracy", 0.0)},
+           {"updates", l.value("steps", 0.0)},
+           {"rl_seconds", l.value("elapsed_s", 0.0)}};
   }
-  if (out.is_null()) return nullptr;
-  std::printf("job %s: generated %.0f tok/s, trained %.0f tok/s\n", run.c_str(),
-              out.value("gen_tokens_per_s", 0.0), out.value("train_tokens_per_s", 0.0));
-  return {{"gen_tokens_per_s", out.value("gen_tokens_per_s", 0.0)},
-          {"train_tokens_per_s", out.value("train_tokens_per_s", 0.0)},
-          {"final_accuracy", out.value("final_accuracy", 0.0)},
-          {"warm_accuracy", out.value("warm_accuracy", 0.0)}};
+  if (out.is_null()) {
+    std::fprintf(stderr, "models_bench: %s/metrics.jsonl has no job_summary line\n", run.c_str());
+    std::exit(1);
+  }
+  std::printf("job %s: generated %.0f tok/s, trained %.0f tok/s; held-out %.3f -> %.3f (best %.3f)\n",
+              run.c_str(), out["gen_tokens_per_s"].get<double>(),
+              out["train_tokens_per_s"].get<double>(), out["warm_accuracy"].get<double>(),
+              out["final_accuracy"].get<double>(), out["best_accuracy"].get<double>());
+  return out;
 }
 
 }  // namespace
@@ -324,8 +337,10 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") o.repeats = std::max(1, std::atoi(next().c_str()));
     else if (a == "--run") o.run = next();
     else if (a == "--no-python") o.python = false;
+    else if (a == "--only") o.only = next();
     else {
-      std::fprintf(stderr, "usage: models_bench [--layers N] [--repeats N] [--run RUN] [--no-python]\n");
+      std::fprintf(stderr, "usage: models_bench [--layers N] [--repeats N] [--run RUN] [--no-python] "
+                           "[--only load,generate,train]\n");
       return 2;
     }
   }
@@ -336,10 +351,10 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   nlohmann::json out;
   out["bench"] = "models";
-  out["load"] = BenchLoad(o);
+  if (o.Runs("load")) out["load"] = BenchLoad(o);
   MathJob m = LoadMathJob();
-  out["generate"] = BenchGenerate(m, o);
-  out["train"] = BenchTrain(m, o);
+  if (o.Runs("generate")) out["generate"] = BenchGenerate(m, o);
+  if (o.Runs("train")) out["train"] = BenchTrain(m, o);
   out["job"] = JobFigures(o.run);
   std::printf("%s\n", out.dump().c_str());
   return 0;

@@ -68,6 +68,18 @@ int64_t KvCache::bytes() const {
 
 LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device device)
     : config_(config) {
+  Allocate(config);
+  InitRandom(seed);
+  if (device != torch::Device(torch::kCPU)) to(device);
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, Uninitialized, torch::Device device)
+    : config_(config) {
+  Allocate(config);
+  if (device != torch::Device(torch::kCPU)) to(device);
+}
+
+void LlamaModel::Allocate(const ModelConfig& config) {
   Status st = config.Validate();
   TROUPE_CHECK_MSG(st.ok(), "invalid ModelConfig: {}", st.message());
   head_dim_ = config.HeadDim();
@@ -113,9 +125,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device d
   }
   rope_cos_ = register_buffer("rope_cos", at::tensor(cos_v).view({config.max_seq_len, half}));
   rope_sin_ = register_buffer("rope_sin", at::tensor(sin_v).view({config.max_seq_len, half}));
-
-  InitRandom(seed);
-  if (device != torch::Device(torch::kCPU)) to(device);
 }
 
 Result<std::shared_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config, uint64_t seed,

@@ -203,7 +203,10 @@ Result<std::shared_ptr<LlamaModel>> LoadModel(const std::string& path, const Mod
     TROUPE_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(path));
     all = std::move(f.tensors);
   }
-  auto model = std::make_shared<LlamaModel>(config, /*seed=*/0, device);
+  // Every parameter is overwritten when all are required: no random init to throw away.
+  auto model = options.require_all
+                   ? std::make_shared<LlamaModel>(config, LlamaModel::Uninitialized{}, device)
+                   : std::make_shared<LlamaModel>(config, /*seed=*/0, device);
   Status st = model->LoadNamed(all, options);
   if (!st.ok()) return st.WithContext(path);
   return model;

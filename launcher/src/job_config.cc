@@ -279,7 +279,7 @@ void Describe(Binder& b, TokenizerSpec& c) {
           "kind char: printable (all built-in tasks) | lowercase (a-z and '=') | a literal string");
   b.Field("path", &c.path,
           "kind hf: model folder with tokenizer.json (+ tokenizer_config.json) or a tokenizer.json "
-          "file; made absolute when read");
+          "file; relative to the config file's folder (to the current directory with --set)");
 }
 void Describe(Binder& b, SamplingSpec& c) {
   b.Field("temperature", &c.temperature, "softmax temperature (the learner uses the same)");
@@ -447,7 +447,8 @@ void Describe(Binder& b, ModelSection& c) {
   b.Field("from", c.from,
           "Hugging Face model folder to start from: architecture (config.json), initial weights, "
           "tokenizer and chat template; the other model.* keys may only repeat its values "
-          "(max_seq_len and dtype stay the job's)");
+          "(max_seq_len and dtype stay the job's); relative to the config file's folder (to the "
+          "current directory with --set)");
   if (b.mode() == Binder::Mode::kRead)
     for (const char* key : kModelKeys)
       if (b.Has(key)) c.given.insert(key);
@@ -728,10 +729,34 @@ static Result<JobConfig> Bind(YAML::Node root, const std::string& source) {
   return c;
 }
 
+namespace {
+
+// Relative model and tokenizer folders a config file names are relative to the file's own
+// folder, so a shipped config works from any directory; --set values (applied after this)
+// stay relative to the current directory.
+void AnchorPathsAtConfigFile(YAML::Node& root, const std::string& config_path) {
+  std::error_code ec;
+  const std::filesystem::path base = std::filesystem::absolute(config_path, ec).parent_path();
+  if (ec) return;
+  const YAML::Node& view = root;
+  for (const auto& [section, key] : {std::pair<const char*, const char*>{"tokenizer", "path"},
+                                     std::pair<const char*, const char*>{"model", "from"}}) {
+    if (!view[section] || !view[section].IsMap() || !view[section][key] ||
+        !view[section][key].IsScalar())
+      continue;
+    const std::string value = view[section][key].Scalar();
+    if (value.empty() || std::filesystem::path(value).is_absolute()) continue;
+    root[section][key] = (base / value).lexically_normal().string();
+  }
+}
+
+}  // namespace
+
 Result<JobConfig> LoadJobConfig(const std::string& path,
                                 const std::vector<std::string>& overrides) {
   TROUPE_ASSIGN_OR_RETURN(YAML::Node root, config::LoadYamlFile(path));
   if (!root.IsMap()) return InvalidArgument("{}: the document must be a mapping of sections", path);
+  AnchorPathsAtConfigFile(root, path);
   for (const auto& o : overrides) TROUPE_RETURN_IF_ERROR(config::ApplyOverride(&root, o));
   return Bind(root, overrides.empty() ? path : path + " (with --set)");
 }

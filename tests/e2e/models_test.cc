@@ -32,9 +32,7 @@ std::vector<std::string> Small(int max_steps, std::vector<std::string> more = {}
                   "eval.every_steps=0", "batch.prompts_per_update=4", "batch.samples_per_prompt=4",
                   "batch.groups_per_message=2", "rollout.count=1", "sampling.max_new_tokens=24",
                   "engine.num_slots=32", "warm_start.batch_size=16", "warm_start.steps=60",
-                  "trainer.supervised_lr=3e-3",
-                  // the config's path is relative to the source tree (README runs from there)
-                  "tokenizer.path=" + SourceDir() + "/" + kQwen3Tokenizer});
+                  "trainer.supervised_lr=3e-3"});
   s.insert(s.end(), more.begin(), more.end());
   return s;
 }

@@ -155,6 +155,19 @@ TEST(JobConfig, HfTokenizerIsSelectedAndValidated) {
   auto again = LoadResolvedConfig(resolved.path());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->tokenizer.path, r->tokenizer.path);
+  // In a config file, a relative path is relative to the file's folder (not to the current
+  // directory, where this one does not exist), so a shipped config runs from anywhere.
+  const fs::path config_dir = fs::path(job.path()).parent_path();
+  const std::string from_config = fs::relative(folder.dir(), config_dir).string();
+  ASSERT_FALSE(fs::exists(fs::current_path() / from_config / "tokenizer.json")) << from_config;
+  ConfigFile anchored("hf-anchored", "name: h\ntokenizer:\n  kind: hf\n  path: " + from_config + "\n");
+  auto a = LoadJobConfig(anchored.path(), {});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(fs::path(a->tokenizer.path), folder.dir().lexically_normal());
+  // ... and a --set value stays relative to the current directory.
+  auto set = LoadJobConfig(anchored.path(), {"tokenizer.path=" + relative});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(fs::path(set->tokenizer.path), (folder.dir() / "tokenizer.json").lexically_normal());
   // The default stays the character tokenizer.
   auto plain = LoadJobConfig(job.path(), {});
   ASSERT_TRUE(plain.ok());
@@ -220,6 +233,15 @@ TEST(JobConfig, ModelFromAHuggingFaceFolder) {
   auto c = LoadJobConfig(job.path(), {});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->model_from, folder.dir().lexically_normal().string());
+  {  // a relative model.from in a file is relative to the file's folder
+    ConfigFile rel("from-rel", "name: f\nmodel:\n  from: " +
+                                   fs::relative(folder.dir(), fs::path(job.path()).parent_path())
+                                       .string() +
+                                   "\n");
+    auto r = LoadJobConfig(rel.path(), {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->model_from, c->model_from);
+  }
   EXPECT_EQ(c->model.architecture, "qwen3");
   EXPECT_TRUE(c->model.QkNorm());
   EXPECT_EQ(c->model.HeadDim(), 16);

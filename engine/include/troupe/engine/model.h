@@ -91,6 +91,12 @@ class LlamaModel : public torch::nn::Module {
   // Validates the config first; the error names the bad field.
   static Result<std::shared_ptr<LlamaModel>> Create(const ModelConfig& config, uint64_t seed = 0,
                                                     torch::Device device = torch::kCPU);
+  // Parameters allocated but not initialised (their values are whatever the allocator
+  // gives): only for a caller that overwrites every one before use, as LoadModel does
+  // (drawing 600M random numbers that are replaced at once took most of a Qwen3-0.6B
+  // load). The config must be valid (TROUPE_CHECK).
+  struct Uninitialized {};
+  LlamaModel(const ModelConfig& config, Uninitialized, torch::Device device = torch::kCPU);
 
   const ModelConfig& config() const { return config_; }
   torch::Device device() const;
@@ -158,6 +164,7 @@ class LlamaModel : public torch::nn::Module {
   void InitRandom(uint64_t seed, double std = 0.02);
 
  private:
+  void Allocate(const ModelConfig& config);  // registers every parameter and buffer
   struct Layer {
     torch::Tensor input_norm, qkv_w, qkv_b, o_w, q_norm, k_norm, post_norm, gate_up_w, down_w;
   };
