@@ -94,6 +94,7 @@ class LearnerRole {
   JobContext& ctx_;
   const launcher::JobConfig& job_;
   std::shared_ptr<engine::LlamaModel> policy_;
+  std::vector<std::pair<std::string, std::string>> hf_files_;  // config.json, tokenizer, ...
   std::unique_ptr<trainer::Learner> learner_;
   std::unique_ptr<engine::Engine> eval_engine_;
   std::unique_ptr<envs::RewardScorer> eval_scorer_;  // external services for held-out scoring
@@ -186,6 +187,11 @@ class LearnerRole {
 };
 
 Result<std::shared_ptr<engine::LlamaModel>> InitialPolicy(const launcher::JobConfig& job) {
+  if (job.warm_start.init_from.empty() && !job.model_from.empty()) {
+    auto m = engine::LoadModel(job.model_from, job.model);  // a Hugging Face folder
+    if (!m.ok()) return m.status().WithContext("model.from");
+    return m;
+  }
   if (job.warm_start.init_from.empty())
     return engine::LlamaModel::Create(job.model, DeriveSeed(job.seed, "policy-init"));
   auto path = trainer::ResolveWeightsFile(job.warm_start.init_from);
@@ -199,6 +205,10 @@ Status LearnerRole::Setup() {
   TROUPE_ASSIGN_OR_RETURN(policy_, InitialPolicy(job_));
   if (!job_.warm_start.init_from.empty())
     Log().info("policy starts from {}", job_.warm_start.init_from);
+  else if (!job_.model_from.empty())
+    Log().info("policy starts from the Hugging Face folder {}", job_.model_from);
+  // A checkpoint is a complete Hugging Face folder: these files go next to its weights.
+  TROUPE_ASSIGN_OR_RETURN(hf_files_, launcher::HfCompanionFiles(job_, *ctx_.tokenizer));
   std::shared_ptr<engine::LlamaModel> reference;
   if (job_.trainer.kl_coef > 0) {
     // The frozen reference of the KL penalty: the policy after the warm start
@@ -264,7 +274,7 @@ Result<EvalResult> LearnerRole::Evaluate() {
       q.sampling.temperature = 0;  // greedy
       q.sampling.max_new_tokens =
           job_.eval.max_new_tokens > 0 ? job_.eval.max_new_tokens : job_.sampling.max_new_tokens;
-      q.sampling.stop_token_ids = {ctx_.tokenizer->eos_id()};
+      q.sampling.stop_token_ids = ctx_.stop_ids;
       q.tag = i;
       reqs.push_back(std::move(q));
       prompts.push_back(std::move(p));
@@ -400,7 +410,8 @@ void LearnerRole::SendEval(const EvalResult& e) {
 
 Status LearnerRole::WarmStart() {
   // Nothing to do (and nothing to report) for a seeded init without supervised steps.
-  if (job_.warm_start.steps == 0 && job_.warm_start.init_from.empty()) return Status::Ok();
+  if (job_.warm_start.steps == 0 && job_.warm_start.init_from.empty() && job_.model_from.empty())
+    return Status::Ok();
   auto t0 = std::chrono::steady_clock::now();
   uint64_t index = DeriveSeed(job_.seed, "warm-start") % (uint64_t{1} << 40);
   for (uint32_t step = 0; step < job_.warm_start.steps; ++step) {
@@ -864,8 +875,9 @@ Status LearnerRole::Checkpoint(const char* why) {
   if (!job_.checkpoint.fault_stall_stage.empty()) hooks.on_stage = [this](std::string_view stage) {
     FaultStallCheckpoint(stage);
   };
-  auto dir = learner_->SaveCheckpoint(ckpt_root_, hooks,
-                                      {{"actor_state.json", SidecarJson(*ledger_bytes)}});
+  std::map<std::string, std::string> extra(hf_files_.begin(), hf_files_.end());
+  extra["actor_state.json"] = SidecarJson(*ledger_bytes);
+  auto dir = learner_->SaveCheckpoint(ckpt_root_, hooks, extra);
   if (!dir.ok()) return dir.status().WithContext("checkpoint");
   last_ckpt_update_ = RlUpdates();
   ReleaseAcks(true);

@@ -10,7 +10,11 @@ Result<std::unique_ptr<JobContext>> MakeJobContext(launcher::JobConfig job,
   ctx->run_dir = run_dir;
   ctx->bind_host = bind_host;
   TROUPE_ASSIGN_OR_RETURN(ctx->tokenizer, launcher::MakeTokenizer(ctx->job.tokenizer));
-  ctx->renderer = std::make_unique<envs::Renderer>(*ctx->tokenizer, envs::ChatFormat::Compact());
+  TROUPE_ASSIGN_OR_RETURN(ctx->renderer,
+                          envs::MakeRenderer(*ctx->tokenizer,
+                                             launcher::TokenizerFolder(ctx->job.tokenizer),
+                                             ctx->job.chat));
+  TROUPE_ASSIGN_OR_RETURN(ctx->stop_ids, launcher::StopTokenIds(ctx->job, *ctx->tokenizer));
   TROUPE_ASSIGN_OR_RETURN(auto registry, envs::TaskRegistry::Create(ctx->job.tasks));
   ctx->tasks = registry;
   for (const auto& t : ctx->job.tasks) {

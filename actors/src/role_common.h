@@ -22,7 +22,8 @@ struct JobContext {
   std::string run_dir;
   std::string bind_host = "127.0.0.1";           // address this actor binds and advertises
   std::unique_ptr<engine::Tokenizer> tokenizer;  // tokenizer.kind: char or hf
-  std::unique_ptr<envs::Renderer> renderer;
+  std::unique_ptr<envs::Renderer> renderer;      // the chat template of the model folder, or a fixed format
+  std::vector<int32_t> stop_ids;                 // ids that end a reply (EOS, generation_config.json's)
   std::shared_ptr<const envs::TaskRegistry> tasks;
   std::vector<const envs::Task*> task_list;  // in config order
 

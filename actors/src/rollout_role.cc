@@ -392,7 +392,7 @@ Status RolloutRole::SubmitGroups() {
     req.sampling.top_k = job_.sampling.top_k;
     req.sampling.top_p = job_.sampling.top_p;
     req.sampling.max_new_tokens = job_.sampling.max_new_tokens;
-    req.sampling.stop_token_ids = {ctx_.tokenizer->eos_id()};
+    req.sampling.stop_token_ids = ctx_.stop_ids;
     req.sampling.num_samples = static_cast<int32_t>(job_.batch.samples_per_prompt);
     req.sampling.seed = DeriveSeed(job_.seed, id_, incarnation_ * 1000003 + serial);
     req.tag = serial;

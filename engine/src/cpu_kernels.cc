@@ -31,6 +31,19 @@ struct AttendArgs {
   float scale;
 };
 
+// In place: x[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), with the rounding of RmsNormRows
+// (normalise in float32, round to the dtype, scale, round).
+template <typename scalar_t>
+void HeadRmsNorm(scalar_t* x, const scalar_t* w, int64_t hd, float eps) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < hd; ++i) ss += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(hd) + eps);
+  for (int64_t i = 0; i < hd; ++i) {
+    scalar_t normed = static_cast<scalar_t>(static_cast<float>(x[i]) * inv);
+    x[i] = static_cast<scalar_t>(static_cast<float>(normed) * static_cast<float>(w[i]));
+  }
+}
+
 bool HasAvx2Fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
@@ -112,7 +125,8 @@ at::Tensor SiluMulRows(const at::Tensor& gu) {
 void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor& positions,
                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                      at::Tensor& v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                     at::Tensor& out) {
+                     at::Tensor& out, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                     double eps) {
   CheckRows(qkv, "PackedAttention qkv");
   CheckRows(out, "PackedAttention out");
   const int64_t n = qkv.size(0), hd = head_dim, half = hd / 2;
@@ -126,6 +140,14 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
               positions.is_contiguous());
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == n && slots.is_contiguous());
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(1) == half);
+  TORCH_CHECK(q_norm.defined() == k_norm.defined(), "q_norm and k_norm come together");
+  const bool qk_norm = q_norm.defined();
+  if (qk_norm) {
+    for (const at::Tensor* w : {&q_norm, &k_norm})
+      TORCH_CHECK(w->numel() == hd && w->is_contiguous() && w->scalar_type() == qkv.scalar_type(),
+                  "q/k norm weights must be contiguous [", hd, "] in the qkv dtype");
+  }
+  const float feps = static_cast<float>(eps);
   const int64_t num_slots = k_cache.size(0), max_len = k_cache.size(2);
   const int64_t group = n_heads / n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -147,8 +169,11 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
         scalar_t* kc = k_cache.data_ptr<scalar_t>();
         scalar_t* vc = v_cache.data_ptr<scalar_t>();
         scalar_t* op = out.data_ptr<scalar_t>();
-        // Phase 1: RoPE on q (in place) and k; k and v into the cache.
+        const scalar_t* qn = qk_norm ? q_norm.data_ptr<scalar_t>() : nullptr;
+        const scalar_t* kn = qk_norm ? k_norm.data_ptr<scalar_t>() : nullptr;
+        // Phase 1: (q/k norm and) RoPE on q (in place) and k; k and v into the cache.
         at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
+          std::vector<scalar_t> knormed(qk_norm ? static_cast<size_t>(hd) : 0);
           for (int64_t r = begin; r < end; ++r) {
             const int64_t pos = pos_p[r], slot = slot_p[r];
             const float* c = cos_p + pos * half;
@@ -156,6 +181,7 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
             scalar_t* row = qkv_p + r * width;
             for (int64_t h = 0; h < n_heads; ++h) {
               scalar_t* x = row + h * hd;
+              if (qn != nullptr) HeadRmsNorm(x, qn, hd, feps);
               for (int64_t i = 0; i < half; ++i) {
                 const float x1 = static_cast<float>(x[i]), x2 = static_cast<float>(x[half + i]);
                 x[i] = static_cast<scalar_t>(x1 * c[i] - x2 * sn[i]);
@@ -164,6 +190,11 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
             }
             for (int64_t h = 0; h < n_kv_heads; ++h) {
               const scalar_t* x = row + q_size + h * hd;
+              if (kn != nullptr) {
+                std::copy(x, x + hd, knormed.data());
+                HeadRmsNorm(knormed.data(), kn, hd, feps);
+                x = knormed.data();
+              }
               const scalar_t* xv = row + q_size + kv_size + h * hd;
               scalar_t* kd = kc + ((slot * n_kv_heads + h) * max_len + pos) * hd;
               scalar_t* vd = vc + ((slot * n_kv_heads + h) * max_len + pos) * hd;

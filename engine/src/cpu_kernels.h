@@ -27,9 +27,12 @@ at::Tensor SiluMulRows(const at::Tensor& gu);
 // [0, positions[r]] of slot slots[r] to out [N, H * hd]. So a prompt's rows may arrive in one
 // call: each attends to the keys the same call wrote before it in its sequence. Query head h
 // reads KV head h / (H / Hkv). Precondition: no two rows share a (slot, position).
+// Qwen3: when q_norm / k_norm ([hd] each, the model dtype) are defined, every query and key
+// head is RMS-normalised with them (epsilon `eps`, rounded like RmsNormRows) before RoPE.
 void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor& positions,
                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                      at::Tensor& v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                     at::Tensor& out);
+                     at::Tensor& out, const at::Tensor& q_norm = {},
+                     const at::Tensor& k_norm = {}, double eps = 1e-6);
 
 }  // namespace troupe::engine::cpu

@@ -161,7 +161,7 @@ class Engine::Loop {
   std::deque<std::shared_ptr<Work>> pending;
   at::Tensor tokens, positions, temps;  // CPU staging buffers, [num_slots]
   const bool packed;                    // CPU fused path: LlamaModel::Step for everything
-  std::vector<int32_t> scratch;
+  SampleScratch scratch;  // SampleRow's buffers
   std::vector<std::shared_ptr<Batch>> completed;  // finished during this iteration
   int active = 0;  // slots holding a running sequence (ghosts excluded)
   int ghosts = 0;  // Batching::kStaticPadded: finished rows still computed

@@ -68,6 +68,18 @@ int64_t KvCache::bytes() const {
 
 LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device device)
     : config_(config) {
+  Allocate(config);
+  InitRandom(seed);
+  if (device != torch::Device(torch::kCPU)) to(device);
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, Uninitialized, torch::Device device)
+    : config_(config) {
+  Allocate(config);
+  if (device != torch::Device(torch::kCPU)) to(device);
+}
+
+void LlamaModel::Allocate(const ModelConfig& config) {
   Status st = config.Validate();
   TROUPE_CHECK_MSG(st.ok(), "invalid ModelConfig: {}", st.message());
   head_dim_ = config.HeadDim();
@@ -84,6 +96,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device d
     if (config.attention_bias)
       layer.qkv_b = register_parameter(name("qkv_b"), at::empty({q_size_ + 2 * kv_size_}, opts));
     layer.o_w = register_parameter(name("o_w"), at::empty({d, q_size_}, opts));
+    if (config.QkNorm()) {
+      layer.q_norm = register_parameter(name("q_norm"), at::empty({head_dim_}, opts));
+      layer.k_norm = register_parameter(name("k_norm"), at::empty({head_dim_}, opts));
+    }
     layer.post_norm = register_parameter(name("post_norm"), at::empty({d}, opts));
     layer.gate_up_w =
         register_parameter(name("gate_up_w"), at::empty({2 * config.ffn_dim, d}, opts));
@@ -94,12 +110,14 @@ LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device d
   if (!config.tie_word_embeddings)
     lm_head_ = register_parameter("lm_head", at::empty({config.vocab_size, d}, opts));
 
-  // RoPE tables (rotate-half layout, as Hugging Face Llama/Qwen2), computed in double.
+  // RoPE tables (rotate-half layout, as Hugging Face Llama/Qwen), computed in double, with
+  // the config's rope_scaling applied to the inverse frequencies.
   const int64_t half = head_dim_ / 2;
   std::vector<float> cos_v(static_cast<size_t>(config.max_seq_len * half));
   std::vector<float> sin_v(cos_v.size());
+  const std::vector<double> inv_freqs = config.RopeInverseFrequencies();
   for (int64_t i = 0; i < half; ++i) {
-    double inv_freq = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / head_dim_);
+    const double inv_freq = inv_freqs[static_cast<size_t>(i)];
     for (int64_t p = 0; p < config.max_seq_len; ++p) {
       cos_v[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(p * inv_freq));
       sin_v[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(p * inv_freq));
@@ -107,9 +125,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device d
   }
   rope_cos_ = register_buffer("rope_cos", at::tensor(cos_v).view({config.max_seq_len, half}));
   rope_sin_ = register_buffer("rope_sin", at::tensor(sin_v).view({config.max_seq_len, half}));
-
-  InitRandom(seed);
-  if (device != torch::Device(torch::kCPU)) to(device);
 }
 
 Result<std::shared_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config, uint64_t seed,
@@ -141,7 +156,7 @@ void LlamaModel::InitRandom(uint64_t seed, double std) {
 
 NamedTensors LlamaModel::NamedWeights() const {
   NamedTensors out;
-  out.reserve(layers_.size() * 12 + 3);
+  out.reserve(layers_.size() * 14 + 3);
   out.emplace_back("model.embed_tokens.weight", embed_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
@@ -158,6 +173,10 @@ NamedTensors LlamaModel::NamedWeights() const {
                        l.qkv_b.narrow(0, q_size_ + kv_size_, kv_size_));
     }
     out.emplace_back(p + "self_attn.o_proj.weight", l.o_w);
+    if (l.q_norm.defined()) {
+      out.emplace_back(p + "self_attn.q_norm.weight", l.q_norm);
+      out.emplace_back(p + "self_attn.k_norm.weight", l.k_norm);
+    }
     out.emplace_back(p + "post_attention_layernorm.weight", l.post_norm);
     const int64_t f = config_.ffn_dim;
     out.emplace_back(p + "mlp.gate_proj.weight", l.gate_up_w.narrow(0, 0, f));
@@ -303,8 +322,14 @@ torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& layer = layers_[li];
     at::Tensor qkv = at::linear(RmsNorm(x, layer.input_norm), layer.qkv_w, layer.qkv_b);
-    at::Tensor q = Rope(qkv.narrow(-1, 0, q_size_).view({B, T, H, head_dim_}), cos, sin);
-    at::Tensor k = Rope(qkv.narrow(-1, q_size_, kv_size_).view({B, T, Hkv, head_dim_}), cos, sin);
+    at::Tensor q = qkv.narrow(-1, 0, q_size_).view({B, T, H, head_dim_});
+    at::Tensor k = qkv.narrow(-1, q_size_, kv_size_).view({B, T, Hkv, head_dim_});
+    if (layer.q_norm.defined()) {
+      q = RmsNorm(q, layer.q_norm);
+      k = RmsNorm(k, layer.k_norm);
+    }
+    q = Rope(q, cos, sin);
+    k = Rope(k, cos, sin);
     at::Tensor v = qkv.narrow(-1, q_size_ + kv_size_, kv_size_).view({B, T, Hkv, head_dim_});
     if (cache != nullptr) {
       cache->k(static_cast<int64_t>(li))
@@ -322,7 +347,7 @@ torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch
 
 // ------------------------------------------------------------------ forward paths
 
-torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
+torch::Tensor LlamaModel::ForwardHidden(const torch::Tensor& ids_in) {
   TORCH_CHECK(ids_in.dim() == 2, "Forward expects ids [B, T], got ", ids_in.sizes());
   const int64_t T = ids_in.size(1);
   TORCH_CHECK(T >= 1 && T <= config_.max_seq_len, "sequence length ", T,
@@ -330,7 +355,15 @@ torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
   at::Tensor ids = ids_in.to(embed_.device(), at::kLong);
   at::Tensor x = at::embedding(embed_, ids);
   x = RunLayers(x, nullptr, at::Tensor());
-  return Head(RmsNorm(x, final_norm_));
+  return RmsNorm(x, final_norm_);
+}
+
+torch::Tensor LlamaModel::HeadLogits(const torch::Tensor& hidden) const {
+  return Head(hidden);
+}
+
+torch::Tensor LlamaModel::Forward(const torch::Tensor& ids_in) {
+  return Head(ForwardHidden(ids_in));
 }
 
 torch::Tensor LlamaModel::Prefill(const torch::Tensor& ids, const torch::Tensor& lengths,
@@ -366,7 +399,7 @@ torch::Tensor LlamaModel::Step(const torch::Tensor& tokens, const torch::Tensor&
                                            : at::mm(h, layer.qkv_w.t());
     cpu::PackedAttention(qkv, slots, positions, rope_cos_, rope_sin_,
                          cache.k(static_cast<int64_t>(li)), cache.v(static_cast<int64_t>(li)), H,
-                         Hkv, head_dim_, attn);
+                         Hkv, head_dim_, attn, layer.q_norm, layer.k_norm, eps);
     x = at::addmm(x, attn, layer.o_w.t());
     h = cpu::RmsNormRows(x, layer.post_norm, eps);
     x = at::addmm(x, cpu::SiluMulRows(at::mm(h, layer.gate_up_w.t())), layer.down_w.t());
@@ -402,8 +435,14 @@ torch::Tensor LlamaModel::Decode(const torch::Tensor& tokens, const torch::Tenso
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& layer = layers_[li];
     at::Tensor qkv = at::linear(RmsNorm(x, layer.input_norm), layer.qkv_w, layer.qkv_b);
-    at::Tensor q = Rope(qkv.narrow(1, 0, q_size_).view({n, H, head_dim_}), cos, sin);
-    at::Tensor k = Rope(qkv.narrow(1, q_size_, kv_size_).view({n, Hkv, head_dim_}), cos, sin);
+    at::Tensor q = qkv.narrow(1, 0, q_size_).view({n, H, head_dim_});
+    at::Tensor k = qkv.narrow(1, q_size_, kv_size_).view({n, Hkv, head_dim_});
+    if (layer.q_norm.defined()) {
+      q = RmsNorm(q, layer.q_norm);
+      k = RmsNorm(k, layer.k_norm);
+    }
+    q = Rope(q, cos, sin);
+    k = Rope(k, cos, sin);
     at::Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_).view({n, Hkv, head_dim_});
     at::Tensor kc = cache.k(static_cast<int64_t>(li)), vc = cache.v(static_cast<int64_t>(li));
     // [S, Hkv, L, hd] viewed as [S, L, Hkv, hd]: (slot, position) indexes one [Hkv, hd] row.

@@ -1,6 +1,7 @@
 #include "troupe/engine/model_config.h"
 
 #include <cmath>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,11 +27,43 @@ Result<DType> ParseDType(std::string_view name) {
   return InvalidArgument("unknown dtype '{}' (expected float32, bfloat16 or float16)", name);
 }
 
+const char* HfArchitectureClass(std::string_view architecture) {
+  if (architecture == "llama") return "LlamaForCausalLM";
+  if (architecture == "qwen2") return "Qwen2ForCausalLM";
+  if (architecture == "qwen3") return "Qwen3ForCausalLM";
+  return "";
+}
+
+std::vector<double> ModelConfig::RopeInverseFrequencies() const {
+  const int64_t hd = HeadDim(), half = hd / 2;
+  std::vector<double> inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv[static_cast<size_t>(i)] = 1.0 / std::pow(rope_theta, static_cast<double>(2 * i) / hd);
+  if (rope_scaling.type != "llama3") return inv;
+  // Llama 3.1's rule (Hugging Face's _compute_llama3_parameters).
+  const RopeScaling& s = rope_scaling;
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor;
+  const double high_wavelen = old_len / s.high_freq_factor;
+  for (double& f : inv) {
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen > low_wavelen) {
+      f = f / s.factor;  // low frequencies: interpolated
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1.0 - smooth) * f / s.factor + smooth * f;  // the band between: blended
+    }  // high frequencies: unchanged
+  }
+  return inv;
+}
+
 int64_t ModelConfig::NumParameters() const {
   const int64_t hd = HeadDim();
   const int64_t q = n_heads * hd, kv = n_kv_heads * hd;
   int64_t per_layer = d_model * (q + 2 * kv) + q * d_model + 3 * d_model * ffn_dim + 2 * d_model;
   if (attention_bias) per_layer += q + 2 * kv;
+  if (QkNorm()) per_layer += 2 * hd;
   int64_t total = vocab_size * d_model + n_layers * per_layer + d_model;
   if (!tie_word_embeddings) total += vocab_size * d_model;
   return total;
@@ -42,6 +75,9 @@ Status ModelConfig::Validate() const {
       return InvalidArgument("model.{} = {} must be in [1, {}]", field, v, limit);
     return Status::Ok();
   };
+  if (*HfArchitectureClass(architecture) == '\0')
+    return InvalidArgument("model.architecture '{}' is not one of llama, qwen2, qwen3",
+                           architecture.substr(0, 40));
   TROUPE_RETURN_IF_ERROR(positive("vocab_size", vocab_size, int64_t{1} << 24));
   TROUPE_RETURN_IF_ERROR(positive("d_model", d_model, 65536));
   TROUPE_RETURN_IF_ERROR(positive("n_layers", n_layers, 1024));
@@ -49,6 +85,9 @@ Status ModelConfig::Validate() const {
   TROUPE_RETURN_IF_ERROR(positive("n_kv_heads", n_kv_heads, 1024));
   TROUPE_RETURN_IF_ERROR(positive("ffn_dim", ffn_dim, 1 << 20));
   TROUPE_RETURN_IF_ERROR(positive("max_seq_len", max_seq_len, 1 << 20));
+  if (max_position_embeddings < 0 || max_position_embeddings > (int64_t{1} << 24))
+    return InvalidArgument("model.max_position_embeddings = {} must be 0 (max_seq_len) or in [1, {}]",
+                           max_position_embeddings, int64_t{1} << 24);
   if (head_dim < 0 || head_dim > 4096)
     return InvalidArgument("model.head_dim = {} must be 0 (derived) or in [1, 4096]", head_dim);
   if (head_dim == 0 && d_model % n_heads != 0)
@@ -64,23 +103,49 @@ Status ModelConfig::Validate() const {
     return InvalidArgument("model.rope_theta = {} must be finite and > 1", rope_theta);
   if (!std::isfinite(rms_norm_eps) || rms_norm_eps <= 0.0 || rms_norm_eps >= 1.0)
     return InvalidArgument("model.rms_norm_eps = {} must be in (0, 1)", rms_norm_eps);
+  if (architecture == "qwen2" && !attention_bias)
+    return InvalidArgument(
+        "model.attention_bias must be true for architecture qwen2 (Qwen2 always has q/k/v "
+        "biases)");
+  const RopeScaling& s = rope_scaling;
+  if (s.type != "none" && s.type != "llama3")
+    return InvalidArgument("model.rope_scaling.type '{}' is not one of none, llama3",
+                           s.type.substr(0, 40));
+  if (s.type == "llama3") {
+    if (!std::isfinite(s.factor) || s.factor < 1.0)
+      return InvalidArgument("model.rope_scaling.factor = {} must be finite and >= 1", s.factor);
+    if (!std::isfinite(s.low_freq_factor) || s.low_freq_factor <= 0.0)
+      return InvalidArgument("model.rope_scaling.low_freq_factor = {} must be > 0",
+                             s.low_freq_factor);
+    if (!std::isfinite(s.high_freq_factor) || s.high_freq_factor <= s.low_freq_factor)
+      return InvalidArgument(
+          "model.rope_scaling.high_freq_factor = {} must be > low_freq_factor = {}",
+          s.high_freq_factor, s.low_freq_factor);
+    if (s.original_max_position_embeddings < 1)
+      return InvalidArgument("model.rope_scaling.original_max_position_embeddings = {} must be >= 1",
+                             s.original_max_position_embeddings);
+  }
   return Status::Ok();
 }
 
 std::string ModelConfig::ToString() const {
+  std::string rope = rope_scaling.enabled()
+                         ? fmt::format(" rope_scaling={}(factor={})", rope_scaling.type,
+                                       rope_scaling.factor)
+                         : "";
   return fmt::format(
-      "layers={} d_model={} heads={}/{} head_dim={} ffn={} vocab={} max_seq_len={} "
-      "rope_theta={} eps={} tied={} attn_bias={} dtype={} params={}",
-      n_layers, d_model, n_heads, n_kv_heads, HeadDim(), ffn_dim, vocab_size, max_seq_len,
-      rope_theta, rms_norm_eps, tie_word_embeddings, attention_bias, DTypeName(dtype),
-      NumParameters());
+      "arch={} layers={} d_model={} heads={}/{} head_dim={} ffn={} vocab={} max_seq_len={} "
+      "rope_theta={}{} eps={} tied={} attn_bias={} qk_norm={} dtype={} params={}",
+      architecture, n_layers, d_model, n_heads, n_kv_heads, HeadDim(), ffn_dim, vocab_size,
+      max_seq_len, rope_theta, rope, rms_norm_eps, tie_word_embeddings, attention_bias, QkNorm(),
+      DTypeName(dtype), NumParameters());
 }
 
 namespace {
 
 using Json = nlohmann::json;
 
-Status ReadInt(const Json& j, const char* key, bool required, int64_t* out) {
+Status ReadInt(const Json& j, const std::string& key, bool required, int64_t* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (required) return InvalidArgument("config.json: missing required key '{}'", key);
@@ -92,16 +157,19 @@ Status ReadInt(const Json& j, const char* key, bool required, int64_t* out) {
   return Status::Ok();
 }
 
-Status ReadDouble(const Json& j, const char* key, double* out) {
+Status ReadDouble(const Json& j, const std::string& key, bool required, double* out) {
   auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (it == j.end() || it->is_null()) {
+    if (required) return InvalidArgument("config.json: missing required key '{}'", key);
+    return Status::Ok();
+  }
   if (!it->is_number())
     return InvalidArgument("config.json: '{}' must be a number, got {}", key, it->dump());
   *out = it->get<double>();
   return Status::Ok();
 }
 
-Status ReadBool(const Json& j, const char* key, bool* out) {
+Status ReadBool(const Json& j, const std::string& key, bool* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
   if (!it->is_boolean())
@@ -110,47 +178,233 @@ Status ReadBool(const Json& j, const char* key, bool* out) {
   return Status::Ok();
 }
 
+// `where` is "rope_scaling" or "rope_parameters". Reads the type and the llama3 fields;
+// rope_parameters may also carry rope_theta.
+Status ReadRopeScaling(const Json& r, const std::string& where, ModelConfig* c) {
+  if (r.is_null()) return Status::Ok();
+  if (!r.is_object())
+    return InvalidArgument("config.json: '{}' must be an object or null, got {}", where, r.dump());
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    auto it = r.find(key);
+    if (it == r.end()) continue;
+    if (!it->is_string())
+      return InvalidArgument("config.json: '{}.{}' must be a string, got {}", where, key,
+                             it->dump());
+    if (!type.empty() && type != it->get<std::string>())
+      return InvalidArgument("config.json: '{}' names two types '{}' and '{}'", where, type,
+                             it->get<std::string>());
+    type = it->get<std::string>();
+  }
+  if (type.empty()) type = "default";
+  if (type != "default" && type != "llama3")
+    return InvalidArgument(
+        "config.json: {}.rope_type '{}' is not supported (only default and llama3)", where, type);
+  std::set<std::string> allowed = {"rope_type", "type", "rope_theta"};
+  if (type == "llama3") {
+    allowed.insert({"factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings"});
+    c->rope_scaling.type = "llama3";
+    const Json& obj = r;
+    auto num = [&](const char* key, double* out) -> Status {
+      return ReadDouble(obj, key, true, out).WithContext(where);
+    };
+    TROUPE_RETURN_IF_ERROR(num("factor", &c->rope_scaling.factor));
+    TROUPE_RETURN_IF_ERROR(num("low_freq_factor", &c->rope_scaling.low_freq_factor));
+    TROUPE_RETURN_IF_ERROR(num("high_freq_factor", &c->rope_scaling.high_freq_factor));
+    TROUPE_RETURN_IF_ERROR(ReadInt(obj, "original_max_position_embeddings", true,
+                                   &c->rope_scaling.original_max_position_embeddings)
+                               .WithContext(where));
+  }
+  if (r.contains("rope_theta")) {
+    TROUPE_RETURN_IF_ERROR(ReadDouble(r, "rope_theta", true, &c->rope_theta).WithContext(where));
+  }
+  for (auto it = r.begin(); it != r.end(); ++it)
+    if (!allowed.count(it.key()))
+      return InvalidArgument("config.json: '{}.{}' is not supported for rope_type {}", where,
+                             it.key(), type);
+  return Status::Ok();
+}
+
+// Keys whose value must be the one that changes nothing.
+Status CheckNeutralKeys(const Json& j) {
+  auto act = j.find("hidden_act");
+  if (act != j.end() && !(act->is_string() && act->get<std::string>() == "silu"))
+    return InvalidArgument("config.json: hidden_act {} is not supported (only \"silu\")",
+                           act->dump());
+  bool flag = false;
+  TROUPE_RETURN_IF_ERROR(ReadBool(j, "mlp_bias", &flag));
+  if (flag) return InvalidArgument("config.json: mlp_bias=true is not supported");
+  TROUPE_RETURN_IF_ERROR(ReadBool(j, "use_sliding_window", &flag));
+  if (flag)
+    return InvalidArgument("config.json: use_sliding_window=true is not supported (full attention only)");
+  double dropout = 0;
+  TROUPE_RETURN_IF_ERROR(ReadDouble(j, "attention_dropout", false, &dropout));
+  if (dropout != 0.0)
+    return InvalidArgument("config.json: attention_dropout = {} is not supported (Troupe has no dropout)",
+                           dropout);
+  auto lt = j.find("layer_types");
+  if (lt != j.end() && !lt->is_null()) {
+    if (!lt->is_array())
+      return InvalidArgument("config.json: 'layer_types' must be a list, got {}", lt->dump());
+    for (size_t i = 0; i < lt->size(); ++i)
+      if ((*lt)[i] != "full_attention")
+        return InvalidArgument(
+            "config.json: layer_types[{}] = {} is not supported (only full_attention)", i,
+            (*lt)[i].dump());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfigFromHfJson(std::string_view json_text, int64_t max_seq_len_cap) {
   Json j = Json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Malformed("config.json is not a JSON object");
+  static const std::set<std::string> kRead = {
+      "model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers",
+      "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+      "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "rms_norm_eps",
+      "tie_word_embeddings", "attention_bias", "torch_dtype", "dtype",
+      // checked to hold neutral values
+      "hidden_act", "mlp_bias", "attention_dropout", "use_sliding_window", "layer_types",
+      // informational: no effect on the forward pass
+      "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version", "use_cache",
+      "initializer_range", "pretraining_tp", "max_window_layers", "sliding_window",
+      "_name_or_path"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!kRead.count(it.key()))
+      return InvalidArgument(
+          "config.json: key '{}' is not supported (Troupe implements Llama 3, Qwen2/2.5 and "
+          "Qwen3 decoders; a key it does not know could change the model)",
+          it.key());
+
   ModelConfig c;
   auto type_it = j.find("model_type");
-  c.attention_bias = type_it != j.end() && type_it->is_string() && *type_it == "qwen2";
+  if (type_it == j.end() || !type_it->is_string())
+    return InvalidArgument("config.json: missing model_type (expected llama, qwen2 or qwen3)");
+  c.architecture = type_it->get<std::string>();
+  if (*HfArchitectureClass(c.architecture) == '\0')
+    return InvalidArgument(
+        "config.json: model_type '{}' is not supported (llama, qwen2 and qwen3 are)",
+        c.architecture);
+  auto arch = j.find("architectures");
+  if (arch != j.end() && !arch->is_null()) {
+    const std::string want = HfArchitectureClass(c.architecture);
+    if (!arch->is_array() || arch->size() != 1 || (*arch)[0] != want)
+      return InvalidArgument("config.json: architectures {} does not match model_type '{}' ({})",
+                             arch->dump(), c.architecture, want);
+  }
+  TROUPE_RETURN_IF_ERROR(CheckNeutralKeys(j));
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "vocab_size", true, &c.vocab_size));
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "hidden_size", true, &c.d_model));
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "num_hidden_layers", true, &c.n_layers));
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "num_attention_heads", true, &c.n_heads));
   c.n_kv_heads = c.n_heads;
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "num_key_value_heads", false, &c.n_kv_heads));
-  c.head_dim = 0;
+  // Qwen3Config's head_dim defaults to 128; Llama/Qwen2 derive hidden_size / heads.
+  c.head_dim = c.architecture == "qwen3" ? 128 : 0;
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "head_dim", false, &c.head_dim));
   if (c.head_dim > 0 && c.n_heads > 0 && c.head_dim * c.n_heads == c.d_model) c.head_dim = 0;
   TROUPE_RETURN_IF_ERROR(ReadInt(j, "intermediate_size", true, &c.ffn_dim));
-  TROUPE_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", true, &c.max_seq_len));
+  c.max_position_embeddings = c.architecture == "llama" ? 2048 : 32768;  // the HF defaults
+  TROUPE_RETURN_IF_ERROR(ReadInt(j, "max_position_embeddings", false, &c.max_position_embeddings));
+  if (c.max_position_embeddings < 1)
+    return InvalidArgument("config.json: max_position_embeddings = {} must be >= 1",
+                           c.max_position_embeddings);
+  c.max_seq_len = c.max_position_embeddings;
   if (max_seq_len_cap > 0 && c.max_seq_len > max_seq_len_cap) c.max_seq_len = max_seq_len_cap;
-  TROUPE_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", &c.rope_theta));
-  TROUPE_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", &c.rms_norm_eps));
+  TROUPE_RETURN_IF_ERROR(ReadDouble(j, "rope_theta", false, &c.rope_theta));
+  c.rms_norm_eps = 1e-6;  // LlamaConfig, Qwen2Config and Qwen3Config default
+  TROUPE_RETURN_IF_ERROR(ReadDouble(j, "rms_norm_eps", false, &c.rms_norm_eps));
   c.tie_word_embeddings = false;  // Hugging Face's PretrainedConfig default
   TROUPE_RETURN_IF_ERROR(ReadBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
-  TROUPE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &c.attention_bias));
-  auto scaling = j.find("rope_scaling");
-  if (scaling != j.end() && !scaling->is_null())
-    return InvalidArgument("config.json: rope_scaling {} is not supported", scaling->dump());
-  bool mlp_bias = false;
-  TROUPE_RETURN_IF_ERROR(ReadBool(j, "mlp_bias", &mlp_bias));
-  if (mlp_bias) return InvalidArgument("config.json: mlp_bias=true is not supported");
-  auto act = j.find("hidden_act");
-  if (act != j.end() && act->is_string() && act->get<std::string>() != "silu")
-    return InvalidArgument("config.json: hidden_act '{}' is not supported (only silu)",
-                           act->get<std::string>());
-  auto dt = j.find("torch_dtype");
-  if (dt != j.end() && dt->is_string()) {
-    TROUPE_ASSIGN_OR_RETURN(c.dtype, ParseDType(dt->get<std::string>()));
+  if (c.architecture == "qwen2") {
+    // Qwen2 has q/k/v biases whatever the config says; a config saying otherwise is ambiguous.
+    bool bias = true;
+    TROUPE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &bias));
+    if (!bias)
+      return InvalidArgument(
+          "config.json: attention_bias=false with model_type qwen2 (Qwen2 always has q/k/v "
+          "biases)");
+    c.attention_bias = true;
+  } else {
+    c.attention_bias = false;
+    TROUPE_RETURN_IF_ERROR(ReadBool(j, "attention_bias", &c.attention_bias));
   }
-  TROUPE_RETURN_IF_ERROR(c.Validate());
+  if (j.contains("rope_scaling") && j.contains("rope_parameters") && !j["rope_scaling"].is_null() &&
+      !j["rope_parameters"].is_null())
+    return InvalidArgument("config.json: give rope_scaling or rope_parameters, not both");
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (j.contains(key)) TROUPE_RETURN_IF_ERROR(ReadRopeScaling(j[key], key, &c));
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    auto dt = j.find(key);
+    if (dt == j.end() || dt->is_null()) continue;
+    if (!dt->is_string())
+      return InvalidArgument("config.json: '{}' must be a string, got {}", key, dt->dump());
+    auto parsed = ParseDType(dt->get<std::string>());
+    if (!parsed.ok()) return parsed.status().WithContext(std::string("config.json: ") + key);
+    c.dtype = *parsed;
+  }
+  Status st = c.Validate();
+  if (!st.ok()) return st.WithContext("config.json");
   return c;
+}
+
+Result<std::string> ModelConfigToHfJson(const ModelConfig& c, std::string_view base_json,
+                                        DType stored_dtype, int32_t bos_id,
+                                        const std::vector<int32_t>& eos_ids) {
+  TROUPE_RETURN_IF_ERROR(c.Validate());
+  Json j = Json::object();
+  if (!base_json.empty()) {
+    j = Json::parse(base_json.begin(), base_json.end(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+      return Malformed("the base config.json is not a JSON object");
+  }
+  j.erase("rope_parameters");
+  j.erase("dtype");
+  j["model_type"] = c.architecture;
+  j["architectures"] = {HfArchitectureClass(c.architecture)};
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.d_model;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.HeadDim();
+  j["intermediate_size"] = c.ffn_dim;
+  j["max_position_embeddings"] = c.DeclaredPositions();
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.type == "llama3") {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings",
+                          c.rope_scaling.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_bias"] = c.attention_bias;
+  j["hidden_act"] = "silu";
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = DTypeName(stored_dtype);
+  if (c.architecture == "llama") j["mlp_bias"] = false;
+  if (c.architecture != "llama") j["use_sliding_window"] = false;
+  if (!j.contains("bos_token_id") && bos_id >= 0) j["bos_token_id"] = bos_id;
+  if (!j.contains("eos_token_id") && !eos_ids.empty()) {
+    if (eos_ids.size() == 1)
+      j["eos_token_id"] = eos_ids[0];
+    else
+      j["eos_token_id"] = eos_ids;
+  }
+  if (!j.contains("use_cache")) j["use_cache"] = true;
+  // The result must read back as the same model.
+  const std::string text = j.dump(2) + "\n";
+  auto back = ModelConfigFromHfJson(text);
+  if (!back.ok()) return back.status().WithContext("config.json written for export");
+  return text;
 }
 
 }  // namespace troupe::engine

@@ -1,5 +1,8 @@
 #include "troupe/engine/safetensors.h"
 
+#include "troupe/core/check.h"
+#include "troupe/engine/hf_folder.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -23,160 +26,39 @@ namespace troupe::engine {
 namespace {
 
 using Json = nlohmann::json;
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as the reference implementation
 
 struct DTypeInfo {
   const char* name;
   at::ScalarType type;
-  int64_t itemsize;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {"F64", at::kDouble, 8},    {"F32", at::kFloat, 4}, {"F16", at::kHalf, 2},
-    {"BF16", at::kBFloat16, 2}, {"I64", at::kLong, 8},  {"I32", at::kInt, 4},
-    {"I16", at::kShort, 2},     {"I8", at::kChar, 1},   {"U8", at::kByte, 1},
-    {"BOOL", at::kBool, 1},
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+    {"U8", at::kByte},    {"BOOL", at::kBool},
 };
 
-const DTypeInfo* FindDType(const std::string& name) {
+at::ScalarType TorchType(const std::string& name) {
   for (const auto& d : kDTypes)
-    if (name == d.name) return &d;
-  return nullptr;
+    if (name == d.name) return d.type;
+  TROUPE_CHECK_MSG(false, "dtype '{}' passed header validation but has no torch type", name);
+  return at::kFloat;
 }
 
-// Entry of the header before tensors are built.
-struct Entry {
-  std::string name;
-  const DTypeInfo* dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin, end;
-};
-
-Status ParseEntry(const std::string& src, const std::string& name, const Json& v, Entry* out) {
-  out->name = name;
-  if (!v.is_object()) return Malformed("{}: entry '{}' is not an object", src, name);
-  auto dt = v.find("dtype");
-  if (dt == v.end() || !dt->is_string())
-    return Malformed("{}: tensor '{}' has no string 'dtype'", src, name);
-  out->dtype = FindDType(dt->get<std::string>());
-  if (out->dtype == nullptr)
-    return Malformed("{}: tensor '{}' has unknown dtype '{}'", src, name, dt->get<std::string>());
-  auto sh = v.find("shape");
-  if (sh == v.end() || !sh->is_array())
-    return Malformed("{}: tensor '{}' has no 'shape' array", src, name);
-  uint64_t numel = 1;
-  for (const auto& d : *sh) {
-    if (!d.is_number_unsigned())
-      return Malformed("{}: tensor '{}' has a bad dimension {} in its shape", src, name, d.dump());
-    uint64_t dim = d.get<uint64_t>();
-    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim))
-      return Malformed("{}: tensor '{}' shape {} overflows", src, name, sh->dump());
-    numel *= dim;
-    out->shape.push_back(static_cast<int64_t>(dim));
-  }
-  auto off = v.find("data_offsets");
-  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-      !(*off)[1].is_number_unsigned())
-    return Malformed("{}: tensor '{}' needs 'data_offsets' [begin, end] of non-negative integers",
-                     src, name);
-  out->begin = (*off)[0].get<uint64_t>();
-  out->end = (*off)[1].get<uint64_t>();
-  if (out->end < out->begin)
-    return Malformed("{}: tensor '{}' has data_offsets [{}, {}] with end before begin", src, name,
-                     out->begin, out->end);
-  const uint64_t nbytes = numel * static_cast<uint64_t>(out->dtype->itemsize);
-  if (out->end - out->begin != nbytes)
-    return Malformed("{}: tensor '{}' ({} {}) needs {} bytes but data_offsets [{}, {}] span {}",
-                     src, name, out->dtype->name, sh->dump(), nbytes, out->begin, out->end,
-                     out->end - out->begin);
-  return Status::Ok();
-}
-
-// Validates the file image [base, base+size) and builds tensors viewing it; `owner`
-// keeps the bytes alive for as long as any tensor does.
+// Validates the file image [base, base+size) (hf_folder.h) and builds tensors viewing it;
+// `owner` keeps the bytes alive for as long as any tensor does.
 Result<SafetensorsFile> ParseImage(const std::string& src, std::shared_ptr<void> owner,
                                    const uint8_t* base, size_t size) {
-  if (size < 8)
-    return Malformed("{}: {} bytes is too short for the 8-byte header length", src, size);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];  // little-endian
-  if (n > kMaxHeaderBytes)
-    return Malformed("{}: header length {} exceeds the limit of {} bytes", src, n, kMaxHeaderBytes);
-  if (n > size - 8)
-    return Malformed(
-        "{}: header length {} exceeds the {} bytes after the length field "
-        "(truncated file?)",
-        src, n, size - 8);
-  const char* hdr = reinterpret_cast<const char*>(base + 8);
-  std::set<std::string> top_keys;
-  std::string duplicate;
-  Json::parser_callback_t cb = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::key && depth == 1 && parsed.is_string()) {
-      if (!top_keys.insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  Json j;
-  try {
-    j = Json::parse(hdr, hdr + n, cb);
-  } catch (const Json::exception& e) {
-    return Malformed("{}: header is not valid JSON: {}", src, e.what());
-  }
-  if (!duplicate.empty()) return Malformed("{}: header names '{}' twice", src, duplicate);
-  if (!j.is_object()) return Malformed("{}: header is not a JSON object", src);
-
+  TROUPE_ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(src, base, size, size));
   SafetensorsFile out;
-  std::vector<Entry> entries;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) return Malformed("{}: __metadata__ is not an object", src);
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string())
-          return Malformed("{}: __metadata__ value of '{}' is not a string", src, m.key());
-        out.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    Entry e;
-    TROUPE_RETURN_IF_ERROR(ParseEntry(src, it.key(), *it, &e));
-    entries.push_back(std::move(e));
-  }
-  const uint64_t data_size = size - 8 - n;
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t cursor = 0;
-  const Entry* prev = nullptr;
-  for (const Entry& e : entries) {
-    if (e.end > data_size)
-      return Malformed(
-          "{}: tensor '{}' data_offsets [{}, {}] run past the {}-byte data section "
-          "(truncated file?)",
-          src, e.name, e.begin, e.end, data_size);
-    if (e.begin < cursor)
-      return Malformed("{}: tensor '{}' data_offsets [{}, {}] overlap tensor '{}' ending at {}",
-                       src, e.name, e.begin, e.end, prev ? prev->name : "?", cursor);
-    if (e.begin > cursor)
-      return Malformed(
-          "{}: {} unindexed bytes before tensor '{}' at offset {} (holes are not "
-          "allowed)",
-          src, e.begin - cursor, e.name, cursor);
-    cursor = e.end;
-    prev = &e;
-  }
-  if (cursor != data_size)
-    return Malformed("{}: {} trailing bytes after the last tensor (data section {} bytes)", src,
-                     data_size - cursor, data_size);
-
-  const uint8_t* data = base + 8 + n;
-  for (const Entry& e : entries) {
-    auto opts = at::TensorOptions().dtype(e.dtype->type);
+  out.metadata = std::move(header.metadata);
+  const uint8_t* data = base + header.data_offset;
+  for (const SafetensorsEntry& e : header.entries) {
+    auto opts = at::TensorOptions().dtype(TorchType(e.dtype));
     void* ptr = const_cast<uint8_t*>(data + e.begin);
     at::Tensor t;
     if (e.end == e.begin) {
       t = at::empty(e.shape, opts);
-    } else if (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(e.dtype->itemsize) != 0) {
+    } else if (reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(e.itemsize) != 0) {
       // Misaligned (odd header padding): copy into an aligned tensor.
       t = at::empty(e.shape, opts);
       std::memcpy(t.data_ptr(), ptr, e.end - e.begin);
@@ -198,14 +80,6 @@ struct Mapping {
     if (addr != MAP_FAILED) munmap(addr, size);
   }
 };
-
-Result<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError("cannot open '{}': {}", path, std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 
@@ -319,42 +193,20 @@ Result<std::shared_ptr<LlamaModel>> LoadModel(const std::string& path, const Mod
   std::error_code ec;
   NamedTensors all;
   if (fs::is_directory(path, ec)) {
-    const fs::path dir(path);
-    if (fs::exists(dir / "model.safetensors", ec)) {
-      TROUPE_ASSIGN_OR_RETURN(SafetensorsFile f,
-                              ReadSafetensors((dir / "model.safetensors").string()));
-      all = std::move(f.tensors);
-    } else if (fs::exists(dir / "model.safetensors.index.json", ec)) {
-      const std::string index_path = (dir / "model.safetensors.index.json").string();
-      TROUPE_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path));
-      Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-          !j["weight_map"].is_object())
-        return Malformed("{}: not a JSON object with a 'weight_map' object", index_path);
-      std::vector<std::string> shards;
-      for (const auto& [name, file] : j["weight_map"].items()) {
-        if (!file.is_string())
-          return Malformed("{}: weight_map entry '{}' is not a file name", index_path, name);
-        std::string s = file.get<std::string>();
-        if (s.find('/') != std::string::npos || s.find("..") != std::string::npos)
-          return Malformed("{}: shard name '{}' must be a plain file name", index_path, s);
-        if (std::find(shards.begin(), shards.end(), s) == shards.end()) shards.push_back(s);
-      }
-      for (const std::string& s : shards) {
-        TROUPE_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors((dir / s).string()));
-        for (auto& t : f.tensors) all.push_back(std::move(t));
-      }
-    } else {
-      return NotFound(
-          "directory '{}' holds neither model.safetensors nor "
-          "model.safetensors.index.json",
-          path);
+    TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(path));
+    if (files.size() > 1) TROUPE_RETURN_IF_ERROR(CheckHfShardIndex(path));
+    for (const std::string& f : files) {
+      TROUPE_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(f));
+      for (auto& t : file.tensors) all.push_back(std::move(t));
     }
   } else {
     TROUPE_ASSIGN_OR_RETURN(SafetensorsFile f, ReadSafetensors(path));
     all = std::move(f.tensors);
   }
-  auto model = std::make_shared<LlamaModel>(config, /*seed=*/0, device);
+  // Every parameter is overwritten when all are required: no random init to throw away.
+  auto model = options.require_all
+                   ? std::make_shared<LlamaModel>(config, LlamaModel::Uninitialized{}, device)
+                   : std::make_shared<LlamaModel>(config, /*seed=*/0, device);
   Status st = model->LoadNamed(all, options);
   if (!st.ok()) return st.WithContext(path);
   return model;

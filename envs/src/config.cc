@@ -42,7 +42,8 @@ std::string JoinKinds() {
 
 const std::vector<std::string>& BuiltinTaskKinds() {
   static const std::vector<std::string> kinds = {
-      "reverse", "sort", "add", "word_problem", "jsonl", "file_reverse", "file_sort", "wordle"};
+      "reverse", "sort",      "add",      "word_problem", "gsm8k",
+      "jsonl",   "file_reverse", "file_sort", "wordle"};
   return kinds;
 }
 
@@ -75,9 +76,16 @@ Status TaskConfig::Validate() const {
   auto ctx = [this](Status s) { return s.WithContext(fmt::format("task '{}'", name)); };
   Status s = CheckRange("eval_size", eval_size, 0, 1000000);
   if (!s.ok()) return ctx(s);
-  if (scoring != "exact" && scoring != "partial" && scoring != "external")
-    return InvalidArgument("task '{}': scoring '{}' is not one of exact, partial, external", name,
-                           scoring);
+  if (scoring != "exact" && scoring != "partial" && scoring != "numeric" && scoring != "external")
+    return InvalidArgument(
+        "task '{}': scoring '{}' is not one of exact, partial, numeric, external", name, scoring);
+  if (k == "gsm8k" && scoring != "numeric" && scoring != "external")
+    return InvalidArgument(
+        "task '{}': kind gsm8k is scored by the final number of the answer: set scoring: numeric "
+        "(or external)",
+        name);
+  if (scoring == "numeric" && IsMultiTurnKind(k))
+    return InvalidArgument("task '{}': scoring 'numeric' is for single-turn tasks", name);
   if (scoring == "external" && IsMultiTurnKind(k))
     return InvalidArgument(
         "task '{}': scoring 'external' is not supported for the multi-turn kind '{}' (its "

@@ -105,18 +105,27 @@ Result<DatasetRow> ParseJsonlRow(std::string_view text, int64_t line_no, std::st
   bool has_messages = obj.contains("messages");
   bool has_instruction =
       obj.contains("instruction") || obj.contains("input") || obj.contains("output");
-  if (has_messages && has_instruction)
+  bool has_question = obj.contains("question");  // GSM8K: {"question", "answer"}
+  if (static_cast<int>(has_messages) + has_instruction + has_question > 1)
     return InvalidArgument(
-        "{}: row has both \"messages\" and \"instruction\"/\"input\"/\"output\"; "
-        "use one form",
+        "{}: row mixes \"messages\", \"instruction\"/\"input\"/\"output\" and "
+        "\"question\"; use one form",
         where);
-  if (!has_messages && !has_instruction)
+  if (!has_messages && !has_instruction && !has_question)
     return InvalidArgument(
-        "{}: expected either \"messages\" (a list of {{\"role\", \"content\"}}) "
-        "or \"instruction\"/\"input\"/\"output\" fields; found keys: {}",
+        "{}: expected \"messages\" (a list of {{\"role\", \"content\"}}), "
+        "\"instruction\"/\"input\"/\"output\" fields or GSM8K's \"question\"/\"answer\"; "
+        "found keys: {}",
         where, KeysOf(obj));
-  TROUPE_RETURN_IF_ERROR(has_messages ? ParseMessages(obj["messages"], where, &row)
-                                      : ParseInstruction(obj, where, &row));
+  if (has_question) {
+    std::string question;
+    TROUPE_RETURN_IF_ERROR(OptString(obj, "question", &question, where));
+    if (question.empty()) return InvalidArgument("{}: \"question\" is empty", where);
+    row.messages.push_back(Message{Role::kUser, std::move(question)});
+  } else {
+    TROUPE_RETURN_IF_ERROR(has_messages ? ParseMessages(obj["messages"], where, &row)
+                                        : ParseInstruction(obj, where, &row));
+  }
   std::string override_ref;
   TROUPE_RETURN_IF_ERROR(OptString(obj, "answer", &override_ref, where));
   TROUPE_RETURN_IF_ERROR(OptString(obj, "reference", &override_ref, where));
@@ -236,6 +245,11 @@ class JsonlTask final : public Task {
                                    "task is scored by an external service (scoring: external)");
     VerifyResult r;
     r.scorer = config_.name;
+    if (config_.scoring == "numeric") {
+      r.reward = NumericAnswerMatch(input.response, input.reference);
+      r.components.emplace_back("numeric", r.reward);
+      return r;
+    }
     double exact = ExactMatch(input.response, input.reference);
     r.reward =
         config_.scoring == "partial" ? EditDistanceCredit(input.response, input.reference) : exact;

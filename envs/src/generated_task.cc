@@ -95,6 +95,11 @@ VerifyResult GeneratedTask::Verify(const VerifyInput& input) const {
   }
   VerifyResult r;
   r.scorer = config_.name;
+  if (config_.scoring == "numeric") {
+    r.reward = NumericAnswerMatch(input.response, input.reference);
+    r.components.emplace_back("numeric", r.reward);
+    return r;
+  }
   double exact = ExactMatch(input.response, input.reference);
   if (config_.scoring == "partial" && exact < 1.0) {
     r.reward = PartialCredit(input.response, input.reference);

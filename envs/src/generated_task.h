@@ -65,7 +65,7 @@ double WordSpace(int64_t min_len, int64_t max_len);
 
 // Factories of the built-in kinds (tasks.cc dispatches on the kind).
 Result<std::unique_ptr<Task>> MakeTextTask(
-    const TaskConfig& config);  // reverse sort add word_problem
+    const TaskConfig& config);  // reverse sort add word_problem gsm8k
 Result<std::unique_ptr<Task>> MakeWorkspaceTask(
     const TaskConfig& config);                                           // file_reverse file_sort
 Result<std::unique_ptr<Task>> MakeWordleTask(const TaskConfig& config);  // wordle

@@ -1,4 +1,4 @@
-// Single-turn built-in tasks of graded difficulty: reverse < sort < add < word_problem.
+// Single-turn built-in tasks of graded difficulty: reverse < sort < add < word_problem < gsm8k.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -124,6 +124,93 @@ class WordProblemTask final : public GeneratedTask {
   }
 };
 
+// GSM8K-format math word problems: a question, and an answer whose lines work the problem
+// out and end with GSM8K's "#### N" (the reference and the warm-start demonstration; scoring
+// numeric compares final numbers only). One- and two-step problems over + - * /, operands up
+// to max_number; division always comes out even.
+class Gsm8kTask final : public GeneratedTask {
+ public:
+  using GeneratedTask::GeneratedTask;
+
+ protected:
+  static constexpr std::array<const char*, 10> kNames = {"Ann",  "Ben", "Carla", "Dev",  "Emma",
+                                                         "Finn", "Gia", "Hugo",  "Iris", "Jack"};
+  static constexpr std::array<const char*, 10> kItems = {
+      "apples", "pencils", "books", "eggs", "cards", "coins", "shells", "stamps", "cookies", "marbles"};
+  static constexpr int64_t kTemplates = 6;
+  int64_t SmallMax() const {
+    return std::max<int64_t>(2, std::min<int64_t>(config().max_number, 9));
+  }
+
+  GeneratedSample Generate(Rng& rng) const override {
+    auto pick = [&](const auto& list) { return list[static_cast<size_t>(rng.Uniform(0, list.size() - 1))]; };
+    const std::string a_name = pick(kNames);
+    std::string b_name = pick(kNames);
+    while (b_name == a_name) b_name = pick(kNames);
+    const std::string item = pick(kItems);
+    const int64_t max = config().max_number;
+    std::string q, work;
+    int64_t answer = 0;
+    switch (rng.Uniform(0, kTemplates - 1)) {
+      case 0: {
+        int64_t a = rng.Uniform(1, max), b = rng.Uniform(1, max);
+        answer = a + b;
+        q = fmt::format("{0} has {1} {3}. {0} buys {2} more {3}. How many {3} does {0} have now?",
+                        a_name, a, b, item);
+        work = fmt::format("{} + {} = {}", a, b, answer);
+        break;
+      }
+      case 1: {
+        int64_t a = rng.Uniform(2, max), b = rng.Uniform(1, a - 1);
+        answer = a - b;
+        q = fmt::format("{0} has {2} {4} and gives {3} of them to {1}. How many {4} does {0} have left?",
+                        a_name, b_name, a, b, item);
+        work = fmt::format("{} - {} = {}", a, b, answer);
+        break;
+      }
+      case 2: {
+        int64_t a = rng.Uniform(2, SmallMax()), b = rng.Uniform(2, SmallMax());
+        answer = a * b;
+        q = fmt::format("{0} buys {1} boxes of {3}. Each box holds {2} {3}. How many {3} does {0} buy?",
+                        a_name, a, b, item);
+        work = fmt::format("{} * {} = {}", a, b, answer);
+        break;
+      }
+      case 3: {
+        int64_t per = rng.Uniform(2, SmallMax()), n = rng.Uniform(2, SmallMax());
+        answer = per;
+        q = fmt::format("{0} shares {1} {3} equally among {2} friends. How many {3} does each friend get?",
+                        a_name, per * n, n, item);
+        work = fmt::format("{} / {} = {}", per * n, n, per);
+        break;
+      }
+      case 4: {
+        int64_t a = rng.Uniform(1, max), b = rng.Uniform(1, max), c = rng.Uniform(1, a + b - 1);
+        answer = a + b - c;
+        q = fmt::format("{0} has {2} {5}. {0} buys {3} more and then gives {4} to {1}. How many {5} "
+                        "does {0} have now?",
+                        a_name, b_name, a, b, c, item);
+        work = fmt::format("{} + {} = {}\n{} - {} = {}", a, b, a + b, a + b, c, answer);
+        break;
+      }
+      default: {
+        int64_t a = rng.Uniform(1, max), b = rng.Uniform(1, max);
+        answer = a + (a + b);
+        q = fmt::format("{0} has {2} {4}. {1} has {3} more {4} than {0}. How many {4} do they have "
+                        "together?",
+                        a_name, b_name, a, b, item);
+        work = fmt::format("{} + {} = {}\n{} + {} = {}", a, b, a + b, a, a + b, answer);
+        break;
+      }
+    }
+    return {q, q, fmt::format("{}\n#### {}", work, answer), ""};
+  }
+  double SpaceSize() const override {
+    const double m = static_cast<double>(config().max_number);
+    return static_cast<double>(kNames.size() * (kNames.size() - 1) * kItems.size()) * m * m;
+  }
+};
+
 template <typename T>
 Result<std::unique_ptr<Task>> Build(const TaskConfig& config) {
   auto task = std::make_unique<T>(config);
@@ -139,6 +226,7 @@ Result<std::unique_ptr<Task>> MakeTextTask(const TaskConfig& config) {
   if (kind == "sort") return Build<SortTask>(config);
   if (kind == "add") return Build<AddTask>(config);
   if (kind == "word_problem") return Build<WordProblemTask>(config);
+  if (kind == "gsm8k") return Build<Gsm8kTask>(config);
   return InvalidArgument("task '{}': '{}' is not a single-turn text kind", config.name, kind);
 }
 

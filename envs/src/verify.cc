@@ -68,4 +68,64 @@ double EditDistanceCredit(std::string_view response, std::string_view reference)
   return 1.0 - dist / static_cast<double>(std::max(a.size(), b.size()));
 }
 
+namespace {
+
+// Normalises a number as FinalNumericAnswer documents; nullopt when it is not one.
+std::optional<std::string> NormaliseNumber(std::string_view text) {
+  std::string t;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '$') continue;
+    if (c == '\\' && i + 1 < text.size() && text[i + 1] == '$') continue;
+    t.push_back(c);
+  }
+  if (!t.empty() && t.back() == '.') t.pop_back();
+  size_t i = 0;
+  const bool negative = !t.empty() && t[0] == '-';
+  if (negative || (!t.empty() && t[0] == '+')) i = 1;
+  const size_t int_begin = i;
+  while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i;
+  if (i == int_begin || i - int_begin > 30) return std::nullopt;
+  std::string whole = t.substr(int_begin, i - int_begin), frac;
+  if (i < t.size() && t[i] == '.') {
+    const size_t f = ++i;
+    while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i;
+    if (i == f) return std::nullopt;
+    frac = t.substr(f, i - f);
+  }
+  if (i != t.size()) return std::nullopt;
+  whole.erase(0, std::min(whole.find_first_not_of('0'), whole.size() - 1));
+  while (!frac.empty() && frac.back() == '0') frac.pop_back();
+  std::string out = frac.empty() ? whole : whole + "." + frac;
+  if (negative && out != "0") out = "-" + out;
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> FinalNumericAnswer(std::string_view text) {
+  const size_t boxed = text.rfind("\\boxed{");
+  if (boxed != std::string_view::npos) {
+    const size_t begin = boxed + 7;
+    int depth = 1;
+    for (size_t i = begin; i < text.size(); ++i) {
+      if (text[i] == '{') ++depth;
+      if (text[i] == '}' && --depth == 0) return NormaliseNumber(text.substr(begin, i - begin));
+    }
+    return std::nullopt;  // unbalanced
+  }
+  const size_t mark = text.rfind("####");
+  if (mark == std::string_view::npos) return std::nullopt;
+  std::string_view rest = text.substr(mark + 4);
+  return NormaliseNumber(rest.substr(0, rest.find('\n')));
+}
+
+double NumericAnswerMatch(std::string_view response, std::string_view reference) {
+  std::optional<std::string> want = FinalNumericAnswer(reference);
+  if (!want) want = NormaliseNumber(reference);
+  if (!want) return 0.0;
+  const std::optional<std::string> got = FinalNumericAnswer(response);
+  return got && *got == *want ? 1.0 : 0.0;
+}
+
 }  // namespace troupe::envs

@@ -1,17 +1,25 @@
 #include "troupe/launcher/job_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+
+#include "troupe/engine/hf_folder.h"
 #include "troupe/engine/hf_tokenizer.h"
 #include "troupe/envs/renderer.h"
+#include "troupe/launcher/run_dir.h"
 
 // Describe() for the components' config structs. They live in the
 // components' namespaces so Binder finds them by argument-dependent lookup;
 // the structs themselves know nothing about YAML.
 namespace troupe::engine {
 void Describe(config::Binder& b, ModelConfig& c);
+void Describe(config::Binder& b, RopeScaling& c);
 }
 namespace troupe::trainer {
 void Describe(config::Binder& b, LearnerConfig& c);
@@ -22,6 +30,7 @@ void Describe(config::Binder& b, WorkspaceConfig& c);
 void Describe(config::Binder& b, EpisodeConfig& c);
 void Describe(config::Binder& b, RewardServiceConfig& c);
 void Describe(config::Binder& b, RewardClientConfig& c);
+void Describe(config::Binder& b, ChatConfig& c);
 }  // namespace troupe::envs
 namespace troupe::broadcast {
 void Describe(config::Binder& b, BroadcastConfig& c);
@@ -56,7 +65,18 @@ void Check(Binder& b, const char* key, const Status& s) {
 }  // namespace
 
 namespace engine {
+void Describe(config::Binder& b, RopeScaling& c) {
+  b.Field("type", &c.type, "none | llama3 (Llama 3.1+ frequency-dependent RoPE scaling)");
+  b.Field("factor", &c.factor, "llama3: context extension factor (Llama 3.2: 32, 3.1: 8)");
+  b.Field("low_freq_factor", &c.low_freq_factor, "llama3: low-frequency wavelength threshold");
+  b.Field("high_freq_factor", &c.high_freq_factor, "llama3: high-frequency wavelength threshold");
+  b.Field("original_max_position_embeddings", &c.original_max_position_embeddings,
+          "llama3: pre-training context length");
+}
 void Describe(config::Binder& b, ModelConfig& c) {
+  b.Field("architecture", &c.architecture,
+          "llama | qwen2 (q/k/v biases) | qwen3 (per-head q/k RMSNorm): the Hugging Face "
+          "model_type");
   b.Field("vocab_size", &c.vocab_size,
           "token ids covered by embedding and head (0: the tokenizer's size)");
   b.Field("d_model", &c.d_model, "residual stream width (hidden_size)");
@@ -68,7 +88,10 @@ void Describe(config::Binder& b, ModelConfig& c) {
   b.Field("ffn_dim", &c.ffn_dim, "SwiGLU hidden width (intermediate_size)");
   b.Field("max_seq_len", &c.max_seq_len,
           "longest prompt + response the model serves (RoPE table, KV cache)");
+  b.Field("max_position_embeddings", &c.max_position_embeddings,
+          "positions the checkpoint declares, written on export (0: max_seq_len)");
   b.Field("rope_theta", &c.rope_theta, "RoPE base frequency");
+  b.Section("rope_scaling", &c.rope_scaling, "RoPE frequency scaling (Hugging Face rope_scaling)");
   b.Field("rms_norm_eps", &c.rms_norm_eps, "RMSNorm epsilon");
   b.Field("tie_word_embeddings", &c.tie_word_embeddings, "output head shares the embedding matrix");
   b.Field("attention_bias", &c.attention_bias, "q/k/v projections carry biases (Qwen2 style)");
@@ -140,11 +163,12 @@ void Describe(config::Binder& b, WorkspaceConfig& c) {
 void Describe(config::Binder& b, TaskConfig& c) {
   b.Field("name", &c.name, "task name samples carry and verifiers are looked up by");
   b.Field("kind", &c.kind,
-          "reverse | sort | add | word_problem | jsonl | file_reverse | file_sort | wordle (empty: "
+          "reverse | sort | add | word_problem | gsm8k | jsonl | file_reverse | file_sort | wordle (empty: "
           "name)");
   b.Field("seed", &c.seed, "seed of prompt generation and of the held-out split");
   b.Field("eval_size", &c.eval_size, "held-out prompts");
-  b.Field("scoring", &c.scoring, "exact | partial | external (reward service)");
+  b.Field("scoring", &c.scoring,
+          "exact | partial | numeric (final number, from \\boxed{} or ####) | external (reward service)");
   b.Field("prompt_style", &c.prompt_style,
           "compact (short, for char models) | verbose (English instruction)");
   b.Field("min_len", &c.min_len, "letters per word, at least (reverse, sort, file tasks)");
@@ -185,6 +209,16 @@ void Describe(config::Binder& b, RewardServiceConfig& c) {
   b.Field("on_failure", &c.on_failure,
           "a sample the service could not score: zero (reward 0, trained) | drop (left out of "
           "training, counted as dropped_unscored)");
+}
+void Describe(config::Binder& b, ChatConfig& c) {
+  b.Field("format", &c.format,
+          "auto (the model folder's chat template if it has one, else compact) | template | "
+          "compact | tagged");
+  std::map<std::string, std::string> vars(c.variables.begin(), c.variables.end());
+  b.Field("variables", &vars,
+          "chat template variables as JSON values, e.g. {enable_thinking: 'false'} "
+          "(Hugging Face's chat_template_kwargs)");
+  if (b.mode() == config::Binder::Mode::kRead) c.variables.assign(vars.begin(), vars.end());
 }
 void Describe(config::Binder& b, RewardClientConfig& c) {
   b.List("services", &c.services, "external reward services");
@@ -245,7 +279,7 @@ void Describe(Binder& b, TokenizerSpec& c) {
           "kind char: printable (all built-in tasks) | lowercase (a-z and '=') | a literal string");
   b.Field("path", &c.path,
           "kind hf: model folder with tokenizer.json (+ tokenizer_config.json) or a tokenizer.json "
-          "file; made absolute when read");
+          "file; relative to the config file's folder (to the current directory with --set)");
 }
 void Describe(Binder& b, SamplingSpec& c) {
   b.Field("temperature", &c.temperature, "softmax temperature (the learner uses the same)");
@@ -346,24 +380,174 @@ Result<std::unique_ptr<engine::Tokenizer>> MakeTokenizer(const TokenizerSpec& sp
   return tok;
 }
 
+std::string TokenizerFolder(const TokenizerSpec& spec) {
+  if (spec.kind != "hf" || spec.path.empty()) return "";
+  std::error_code ec;
+  if (std::filesystem::is_directory(spec.path, ec)) return spec.path;
+  return std::filesystem::path(spec.path).parent_path().string();
+}
+
+Result<std::vector<int32_t>> StopTokenIds(const JobConfig& job,
+                                          const engine::Tokenizer& tokenizer) {
+  std::vector<int32_t> ids;
+  if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
+  if (!job.model_from.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(engine::HfModelFolder folder,
+                            engine::ReadHfModelFolder(job.model_from));
+    for (int32_t id : folder.eos_token_ids)
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  if (ids.empty()) return InvalidArgument("the job's tokenizer names no end-of-sequence token");
+  return ids;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> HfCompanionFiles(
+    const JobConfig& job, const engine::Tokenizer& tokenizer) {
+  std::string base_config, base_generation;
+  if (!job.model_from.empty()) {
+    TROUPE_ASSIGN_OR_RETURN(engine::HfModelFolder folder,
+                            engine::ReadHfModelFolder(job.model_from));
+    base_config = folder.config_json;
+    base_generation = folder.generation_config_json;
+  }
+  TROUPE_ASSIGN_OR_RETURN(std::vector<int32_t> eos, StopTokenIds(job, tokenizer));
+  const int32_t bos = tokenizer.bos_id();
+  std::vector<std::pair<std::string, std::string>> files;
+  TROUPE_ASSIGN_OR_RETURN(std::string config, engine::ModelConfigToHfJson(
+                                                  job.model, base_config, job.model.dtype, bos,
+                                                  {tokenizer.eos_id() >= 0 ? tokenizer.eos_id() : eos[0]}));
+  files.emplace_back("config.json", std::move(config));
+  TROUPE_ASSIGN_OR_RETURN(std::string generation,
+                          engine::GenerationConfigJson(base_generation, bos, eos));
+  files.emplace_back("generation_config.json", std::move(generation));
+  const std::string folder = TokenizerFolder(job.tokenizer);
+  if (!folder.empty()) {
+    for (const std::string& path : engine::HfTokenizerFiles(folder)) {
+      TROUPE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+      files.emplace_back(std::filesystem::path(path).filename().string(), std::move(text));
+    }
+  }
+  return files;
+}
+
 namespace {
 
-// Checks the tokenizer section and returns the tokenizer's number of ids (0 when invalid).
-// An hf tokenizer is loaded here, so a bad file stops `troupe run` before anything spawns.
-int64_t CheckTokenizer(Binder& b, TokenizerSpec& t) {
+// Keys of the model section a config gave explicitly (model.from checks them).
+struct ModelSection {
+  engine::ModelConfig* model;
+  std::string* from;
+  std::set<std::string> given;
+};
+constexpr const char* kModelKeys[] = {
+    "architecture", "vocab_size", "d_model",      "n_layers",     "n_heads",
+    "n_kv_heads",   "head_dim",   "ffn_dim",      "max_seq_len",  "max_position_embeddings",
+    "rope_theta",   "rope_scaling", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
+    "dtype"};
+void Describe(Binder& b, ModelSection& c) {
+  b.Field("from", c.from,
+          "Hugging Face model folder to start from: architecture (config.json), initial weights, "
+          "tokenizer and chat template; the other model.* keys may only repeat its values "
+          "(max_seq_len and dtype stay the job's); relative to the config file's folder (to the "
+          "current directory with --set)");
+  if (b.mode() == Binder::Mode::kRead)
+    for (const char* key : kModelKeys)
+      if (b.Has(key)) c.given.insert(key);
+  engine::Describe(b, *c.model);
+}
+
+// model.from: the folder's config.json becomes the model; keys the config repeats must agree.
+void ApplyModelFrom(Binder& b, const ModelSection& section, JobConfig& c) {
+  std::error_code ec;
+  auto absolute = std::filesystem::absolute(c.model_from, ec);
+  if (!ec) c.model_from = absolute.lexically_normal().string();
+  while (c.model_from.size() > 1 && c.model_from.back() == '/') c.model_from.pop_back();
+  auto folder = engine::ReadHfModelFolder(c.model_from);
+  if (!folder.ok()) {
+    b.Error("model.from", folder.status().message());
+    return;
+  }
+  if (folder->weight_files.empty())
+    b.Error("model.from", c.model_from +
+                              " has no weights (model.safetensors or model.safetensors.index.json); "
+                              "to train a fresh model of this architecture give its sizes under "
+                              "model.* instead");
+  engine::ModelConfig m = folder->config;
+  m.max_position_embeddings = folder->config.DeclaredPositions();
+  m.max_seq_len = c.model.max_seq_len;  // the job's serving length (KV cache), default 128
+  m.dtype = c.model.dtype;              // the job's compute dtype; weights are cast on load
+  if (m.max_seq_len > m.max_position_embeddings)
+    b.Error("model.max_seq_len", std::to_string(m.max_seq_len) + " exceeds the " +
+                                     std::to_string(m.max_position_embeddings) +
+                                     " positions of " + c.model_from + "/config.json");
+  // Every other key given must repeat the folder's value (the resolved config does).
+  engine::ModelConfig given = c.model;
+  given.max_seq_len = m.max_seq_len;
+  given.dtype = m.dtype;
+  auto differs = [&](const char* key, bool same, const std::string& mine, const std::string& theirs) {
+    if (section.given.count(key) && !same)
+      b.Error(std::string("model.") + key,
+              mine + " differs from " + c.model_from + "/config.json (" + theirs +
+                  "); with model.from leave it out");
+  };
+  auto num = [](auto v) { return fmt::format("{}", v); };
+  differs("architecture", given.architecture == m.architecture, given.architecture, m.architecture);
+  differs("vocab_size", given.vocab_size == m.vocab_size, num(given.vocab_size), num(m.vocab_size));
+  differs("d_model", given.d_model == m.d_model, num(given.d_model), num(m.d_model));
+  differs("n_layers", given.n_layers == m.n_layers, num(given.n_layers), num(m.n_layers));
+  differs("n_heads", given.n_heads == m.n_heads, num(given.n_heads), num(m.n_heads));
+  differs("n_kv_heads", given.n_kv_heads == m.n_kv_heads, num(given.n_kv_heads), num(m.n_kv_heads));
+  differs("head_dim", given.HeadDim() == m.HeadDim(), num(given.HeadDim()), num(m.HeadDim()));
+  differs("ffn_dim", given.ffn_dim == m.ffn_dim, num(given.ffn_dim), num(m.ffn_dim));
+  differs("max_position_embeddings", given.DeclaredPositions() == m.DeclaredPositions(),
+          num(given.DeclaredPositions()), num(m.DeclaredPositions()));
+  differs("rope_theta", given.rope_theta == m.rope_theta, num(given.rope_theta), num(m.rope_theta));
+  const auto& gs = given.rope_scaling;
+  const auto& ms = m.rope_scaling;
+  differs("rope_scaling",
+          gs.type == ms.type && (!ms.enabled() || (gs.factor == ms.factor &&
+                                                   gs.low_freq_factor == ms.low_freq_factor &&
+                                                   gs.high_freq_factor == ms.high_freq_factor &&
+                                                   gs.original_max_position_embeddings ==
+                                                       ms.original_max_position_embeddings)),
+          gs.type, ms.type);
+  differs("rms_norm_eps", given.rms_norm_eps == m.rms_norm_eps, num(given.rms_norm_eps),
+          num(m.rms_norm_eps));
+  differs("tie_word_embeddings", given.tie_word_embeddings == m.tie_word_embeddings,
+          num(given.tie_word_embeddings), num(m.tie_word_embeddings));
+  differs("attention_bias", given.attention_bias == m.attention_bias, num(given.attention_bias),
+          num(m.attention_bias));
+  c.model = m;
+  // The folder's tokenizer unless another one is named.
+  if (c.tokenizer.path.empty()) {
+    c.tokenizer.kind = "hf";
+    c.tokenizer.path = c.model_from;
+  }
+}
+
+// Checks the tokenizer section and returns the tokenizer (null when invalid). An hf
+// tokenizer is loaded here, so a bad file stops `troupe run` before anything spawns.
+std::unique_ptr<engine::Tokenizer> CheckTokenizer(Binder& b, TokenizerSpec& t) {
   if (t.kind == "char") {
     if (!t.path.empty()) b.Error("tokenizer.path", "is only for kind hf (kind is char)");
     std::string alphabet = TokenizerAlphabet(t);
-    if (alphabet.empty()) b.Error("tokenizer.alphabet", "is empty");
-    return 3 + static_cast<int64_t>(alphabet.size());
+    if (alphabet.empty()) {
+      b.Error("tokenizer.alphabet", "is empty");
+      return nullptr;
+    }
+    auto tok = MakeTokenizer(t);
+    if (!tok.ok()) {
+      b.Error("tokenizer.alphabet", tok.status().message());
+      return nullptr;
+    }
+    return std::move(*tok);
   }
   if (t.kind != "hf") {
     b.Error("tokenizer.kind", "must be char or hf, got '" + t.kind + "'");
-    return 0;
+    return nullptr;
   }
   if (t.path.empty()) {
     b.Error("tokenizer.path", "kind hf needs a model folder or a tokenizer.json");
-    return 0;
+    return nullptr;
   }
   std::error_code ec;
   auto absolute = std::filesystem::absolute(t.path, ec);
@@ -371,12 +555,12 @@ int64_t CheckTokenizer(Binder& b, TokenizerSpec& t) {
   auto tok = engine::HfTokenizer::Load(t.path);
   if (!tok.ok()) {
     b.Error("tokenizer.path", tok.status().message());
-    return 0;
+    return nullptr;
   }
   if ((*tok)->eos_id() < 0)
     b.Error("tokenizer.path",
             (*tok)->origin() + " names no eos_token (tokenizer_config.json): generation needs one");
-  return (*tok)->vocab_size();
+  return std::move(*tok);
 }
 
 }  // namespace
@@ -396,8 +580,10 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("rollout", &rollout, "rollout actors: generate groups with the policy");
   b.Section("reward", &reward, "reward actors: score rollouts");
   b.Section("echo", &echo, "echo reference actors (tests and demos)");
-  b.Section("model", &c.model, "the policy model (Llama-style decoder)");
+  ModelSection model{&c.model, &c.model_from, {}};
+  b.Section("model", &model, "the policy model (Llama 3 / Qwen2 / Qwen3 decoder)");
   b.Section("tokenizer", &c.tokenizer, "the job's tokenizer (character or Hugging Face)");
+  b.Section("chat", &c.chat, "how prompts and replies are rendered (chat template or fixed format)");
   // `task:` (one task) or `tasks:` (a list).
   if (b.mode() == Binder::Mode::kRead) {
     if (b.Has("task") && b.Has("tasks")) b.Error("task", "give either `task` or `tasks`, not both");
@@ -449,8 +635,15 @@ void Describe(Binder& b, JobConfig& c) {
     b.Error("rollout.count", "a job with a learner needs at least one rollout actor");
   if (c.learner.count == 1 && c.reward.count == 0)
     b.Error("reward.count", "a job with a learner needs at least one reward actor");
-  int64_t vocab = CheckTokenizer(b, c.tokenizer);
+  if (!c.model_from.empty()) ApplyModelFrom(b, model, c);
+  std::unique_ptr<engine::Tokenizer> tokenizer = CheckTokenizer(b, c.tokenizer);
+  const int64_t vocab = tokenizer ? tokenizer->vocab_size() : 0;
   if (c.model.vocab_size == 0) c.model.vocab_size = vocab;
+  Check(b, "chat", c.chat.Validate());
+  if (tokenizer && c.chat.Validate().ok()) {
+    auto renderer = envs::MakeRenderer(*tokenizer, TokenizerFolder(c.tokenizer), c.chat);
+    if (!renderer.ok()) b.Error("chat", renderer.status().message());
+  }
   if (c.model.vocab_size < vocab) {
     b.Error("model.vocab_size", "is " + std::to_string(c.model.vocab_size) +
                                     " but the tokenizer has " + std::to_string(vocab) + " ids");
@@ -536,10 +729,34 @@ static Result<JobConfig> Bind(YAML::Node root, const std::string& source) {
   return c;
 }
 
+namespace {
+
+// Relative model and tokenizer folders a config file names are relative to the file's own
+// folder, so a shipped config works from any directory; --set values (applied after this)
+// stay relative to the current directory.
+void AnchorPathsAtConfigFile(YAML::Node& root, const std::string& config_path) {
+  std::error_code ec;
+  const std::filesystem::path base = std::filesystem::absolute(config_path, ec).parent_path();
+  if (ec) return;
+  const YAML::Node& view = root;
+  for (const auto& [section, key] : {std::pair<const char*, const char*>{"tokenizer", "path"},
+                                     std::pair<const char*, const char*>{"model", "from"}}) {
+    if (!view[section] || !view[section].IsMap() || !view[section][key] ||
+        !view[section][key].IsScalar())
+      continue;
+    const std::string value = view[section][key].Scalar();
+    if (value.empty() || std::filesystem::path(value).is_absolute()) continue;
+    root[section][key] = (base / value).lexically_normal().string();
+  }
+}
+
+}  // namespace
+
 Result<JobConfig> LoadJobConfig(const std::string& path,
                                 const std::vector<std::string>& overrides) {
   TROUPE_ASSIGN_OR_RETURN(YAML::Node root, config::LoadYamlFile(path));
   if (!root.IsMap()) return InvalidArgument("{}: the document must be a mapping of sections", path);
+  AnchorPathsAtConfigFile(root, path);
   for (const auto& o : overrides) TROUPE_RETURN_IF_ERROR(config::ApplyOverride(&root, o));
   return Bind(root, overrides.empty() ? path : path + " (with --set)");
 }

@@ -11,6 +11,7 @@
 //   troupe config-keys                                    every config key with its doc
 //   troupe tokenize DIR [--decode]                        a model folder's tokenizer on stdin
 //   troupe chat-template DIR CONVERSATION.json [--ids]    a model folder's chat template
+//   troupe export [RUN] [--checkpoint N] --to DIR         a checkpoint as a Hugging Face folder
 // RUN defaults to the latest run (runs/latest). Errors are one line and exit 1
 // (2 for bad arguments or config).
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat_template_cmd.h"
+#include "export_cmd.h"
 #include "remote_spawner.h"
 #include "tokenize_cmd.h"
 #include "troupe/core/log.h"
@@ -627,6 +629,8 @@ int main(int argc, char** argv) {
   auto* tokenize = AddTokenizeCommand(app, &tokenize_args);
   ChatTemplateArgs chat_template_args;
   auto* chat_template = AddChatTemplateCommand(app, &chat_template_args);
+  ExportArgs export_args;
+  auto* export_cmd = AddExportCommand(app, &export_args);
 
   try {
     app.parse(argc, argv);
@@ -649,6 +653,7 @@ int main(int argc, char** argv) {
     if (*dash) return CmdDashboard(runs_dir, pos, dash_bind);
     if (*tokenize) return RunTokenize(tokenize_args);
     if (*chat_template) return RunChatTemplate(chat_template_args);
+    if (*export_cmd) return RunExport(runs_dir, export_args);
   } catch (const std::exception& e) {
     return Fail(std::string("unexpected error (please report it): ") + e.what(), 1);
   }

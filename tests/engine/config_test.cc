@@ -1,5 +1,8 @@
 // Torch-free parts of the engine: ModelConfig, EngineConfig, SamplingParams, CharTokenizer.
+#include <cmath>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "troupe/engine/engine_config.h"
 #include "troupe/engine/model_config.h"
@@ -31,6 +34,15 @@ TEST(ModelConfigTest, DefaultsAreValidAndErrorsNameTheField) {
   ExpectError(with([](ModelConfig& m) { m.rope_theta = 0.5; }), "model.rope_theta");
   ExpectError(with([](ModelConfig& m) { m.rms_norm_eps = 0; }), "model.rms_norm_eps");
   ExpectError(with([](ModelConfig& m) { m.max_seq_len = -1; }), "model.max_seq_len = -1");
+  ExpectError(with([](ModelConfig& m) { m.architecture = "gpt2"; }), "model.architecture 'gpt2'");
+  ExpectError(with([](ModelConfig& m) { m.architecture = "qwen2"; }), "model.attention_bias");
+  ExpectError(with([](ModelConfig& m) { m.rope_scaling.type = "yarn"; }),
+              "model.rope_scaling.type 'yarn'");
+  ExpectError(with([](ModelConfig& m) {
+                m.rope_scaling.type = "llama3";
+                m.rope_scaling.factor = 0.5;
+              }),
+              "model.rope_scaling.factor");
   EXPECT_EQ(*ParseDType("bf16"), DType::kBFloat16);
   ExpectError(ParseDType("int8").status(), "unknown dtype 'int8'");
 }
@@ -42,25 +54,178 @@ TEST(ModelConfigTest, FromHuggingFaceJson) {
     "rms_norm_eps":1e-06,"tie_word_embeddings":true,"torch_dtype":"bfloat16","hidden_act":"silu"})";
   auto c = ModelConfigFromHfJson(qwen, 1024);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->architecture, "qwen2");
   EXPECT_EQ(c->d_model, 896);
   EXPECT_EQ(c->HeadDim(), 64);
   EXPECT_EQ(c->n_kv_heads, 2);
   EXPECT_TRUE(c->attention_bias);
+  EXPECT_FALSE(c->QkNorm());
   EXPECT_TRUE(c->tie_word_embeddings);
   EXPECT_EQ(c->max_seq_len, 1024);
+  EXPECT_EQ(c->max_position_embeddings, 32768);
   EXPECT_EQ(c->dtype, DType::kBFloat16);
   EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
   ExpectError(ModelConfigFromHfJson("{").status(), "not a JSON object");
-  ExpectError(ModelConfigFromHfJson(R"({"vocab_size":10})").status(),
+  ExpectError(ModelConfigFromHfJson(R"({"vocab_size":10})").status(), "missing model_type");
+  ExpectError(ModelConfigFromHfJson(R"({"model_type":"llama","vocab_size":10})").status(),
               "missing required key 'hidden_size'");
-  ExpectError(ModelConfigFromHfJson(R"({"vocab_size":"10"})").status(),
+  ExpectError(ModelConfigFromHfJson(R"({"model_type":"llama","vocab_size":"10"})").status(),
               "'vocab_size' must be an integer");
-  std::string scaled = std::string(qwen);
-  scaled.insert(1, R"("rope_scaling":{"type":"yarn"},)");
-  ExpectError(ModelConfigFromHfJson(scaled).status(), "rope_scaling");
+  auto with = [&](const std::string& extra) {
+    std::string j = qwen;
+    j.insert(1, extra + ",");
+    return ModelConfigFromHfJson(j).status();
+  };
+  ExpectError(with(R"("rope_scaling":{"type":"yarn","factor":4})"), "rope_type 'yarn'");
   std::string gelu = std::string(qwen);
   gelu.replace(gelu.find("\"silu\""), 6, "\"gelu\"");
-  ExpectError(ModelConfigFromHfJson(gelu).status(), "hidden_act 'gelu'");
+  ExpectError(ModelConfigFromHfJson(gelu).status(), "hidden_act \"gelu\"");
+}
+
+// Real configs of the three families, as published.
+constexpr const char* kQwen3 = R"({"architectures":["Qwen3ForCausalLM"],"attention_bias":false,
+  "attention_dropout":0.0,"bos_token_id":151643,"eos_token_id":151645,"head_dim":128,
+  "hidden_act":"silu","hidden_size":1024,"initializer_range":0.02,"intermediate_size":3072,
+  "max_position_embeddings":40960,"max_window_layers":28,"model_type":"qwen3",
+  "num_attention_heads":16,"num_hidden_layers":28,"num_key_value_heads":8,"rms_norm_eps":1e-06,
+  "rope_scaling":null,"rope_theta":1000000,"sliding_window":null,"tie_word_embeddings":true,
+  "torch_dtype":"bfloat16","transformers_version":"4.51.0","use_cache":true,
+  "use_sliding_window":false,"vocab_size":151936})";
+constexpr const char* kLlama32 = R"({"architectures":["LlamaForCausalLM"],"attention_bias":false,
+  "attention_dropout":0.0,"bos_token_id":128000,"eos_token_id":128001,"head_dim":64,
+  "hidden_act":"silu","hidden_size":2048,"initializer_range":0.02,"intermediate_size":8192,
+  "max_position_embeddings":131072,"mlp_bias":false,"model_type":"llama","num_attention_heads":32,
+  "num_hidden_layers":16,"num_key_value_heads":8,"pretraining_tp":1,"rms_norm_eps":1e-05,
+  "rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+  "original_max_position_embeddings":8192,"rope_type":"llama3"},"rope_theta":500000.0,
+  "tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.45.0.dev0",
+  "use_cache":true,"vocab_size":128256})";
+
+TEST(ModelConfigTest, RealQwen3AndLlama32Configs) {
+  auto q = ModelConfigFromHfJson(kQwen3, 512);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->architecture, "qwen3");
+  EXPECT_TRUE(q->QkNorm());
+  EXPECT_FALSE(q->attention_bias);
+  EXPECT_EQ(q->HeadDim(), 128);
+  EXPECT_EQ(q->n_heads * q->HeadDim(), 2048);  // != hidden_size
+  EXPECT_EQ(q->max_seq_len, 512);
+  EXPECT_EQ(q->NumParameters(),
+            151936LL * 1024 + 28LL * (1024 * (2048 + 2 * 1024) + 2048 * 1024 + 3 * 1024 * 3072 +
+                                      2 * 1024 + 2 * 128) +
+                1024);  // Qwen3-0.6B: 596M parameters
+  auto l = ModelConfigFromHfJson(kLlama32, 256);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->architecture, "llama");
+  EXPECT_EQ(l->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(l->rope_scaling.factor, 32.0);
+  EXPECT_EQ(l->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(l->rms_norm_eps, 1e-5);
+
+  // Llama 3.1's scaling: high frequencies kept, low ones divided by the factor, the band
+  // between blended (wavelengths against 8192 / 4 = 2048 and 8192 / 1 positions).
+  const std::vector<double> inv = l->RopeInverseFrequencies();
+  ASSERT_EQ(inv.size(), 32u);
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const double f = 1.0 / std::pow(500000.0, 2.0 * static_cast<double>(i) / 64);
+    const double wavelen = 2 * M_PI / f;
+    if (wavelen < 2048) {
+      EXPECT_DOUBLE_EQ(inv[i], f) << i;
+    } else if (wavelen > 8192) {
+      EXPECT_DOUBLE_EQ(inv[i], f / 32) << i;
+    } else {
+      EXPECT_LT(inv[i], f) << i;
+      EXPECT_GT(inv[i], f / 32) << i;
+    }
+  }
+  ModelConfig plain = *l;
+  plain.rope_scaling = RopeScaling{};
+  EXPECT_NE(plain.RopeInverseFrequencies(), inv);
+}
+
+TEST(ModelConfigTest, RefusesWhatItDoesNotImplementByName) {
+  auto with = [](std::string json, const std::string& key, const std::string& value) {
+    // Replaces (or adds) one top-level key of the Qwen3 config.
+    auto j = nlohmann::json::parse(json);
+    if (value.empty())
+      j.erase(key);
+    else
+      j[key] = nlohmann::json::parse(value);
+    return ModelConfigFromHfJson(j.dump()).status();
+  };
+  ExpectError(with(kQwen3, "quantization_config", R"({"quant_method":"gptq"})"),
+              "key 'quantization_config' is not supported");
+  ExpectError(with(kQwen3, "partial_rotary_factor", "0.5"), "key 'partial_rotary_factor'");
+  ExpectError(with(kQwen3, "model_type", R"("mistral")"), "model_type 'mistral'");
+  ExpectError(with(kQwen3, "architectures", R"(["LlamaForCausalLM"])"),
+              "does not match model_type 'qwen3'");
+  ExpectError(with(kQwen3, "use_sliding_window", "true"), "use_sliding_window=true");
+  ExpectError(with(kQwen3, "attention_dropout", "0.1"), "attention_dropout = 0.1");
+  ExpectError(with(kQwen3, "layer_types", R"(["full_attention","sliding_attention"])"),
+              "layer_types[1]");
+  ExpectError(with(kLlama32, "mlp_bias", "true"), "mlp_bias=true");
+  ExpectError(with(kLlama32, "rope_scaling", R"({"rope_type":"linear","factor":2})"),
+              "rope_type 'linear'");
+  ExpectError(with(kLlama32, "rope_scaling",
+                   R"({"rope_type":"llama3","factor":32,"low_freq_factor":1,
+                       "high_freq_factor":4,"original_max_position_embeddings":8192,"beta":2})"),
+              "rope_scaling.beta");
+  ExpectError(with(kLlama32, "rope_scaling", R"({"rope_type":"llama3","factor":32})"),
+              "missing required key 'low_freq_factor'");
+  ExpectError(with(kLlama32, "rope_scaling",
+                   R"({"rope_type":"llama3","factor":32,"low_freq_factor":4,
+                       "high_freq_factor":1,"original_max_position_embeddings":8192})"),
+              "high_freq_factor");
+  ExpectError(with(kLlama32, "torch_dtype", R"("float8")"), "unknown dtype 'float8'");
+  auto qwen2 = nlohmann::json::parse(kQwen3);
+  qwen2["model_type"] = "qwen2";
+  qwen2["architectures"] = {"Qwen2ForCausalLM"};
+  ExpectError(ModelConfigFromHfJson(qwen2.dump()).status(),
+              "attention_bias=false with model_type qwen2");
+  // Informational keys are accepted; transformers >= 4.5x's rope_parameters too.
+  auto newer = nlohmann::json::parse(kLlama32);
+  newer["rope_parameters"] = newer["rope_scaling"];
+  newer["rope_parameters"]["rope_theta"] = 500000.0;
+  newer.erase("rope_scaling");
+  newer.erase("rope_theta");
+  newer["dtype"] = newer["torch_dtype"];
+  newer.erase("torch_dtype");
+  auto n = ModelConfigFromHfJson(newer.dump());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(n->rope_theta, 500000.0);
+}
+
+TEST(ModelConfigTest, WritesAConfigThatReadsBackAsTheSameModel) {
+  for (const char* src : {kQwen3, kLlama32}) {
+    auto c = ModelConfigFromHfJson(src, 300);
+    ASSERT_TRUE(c.ok());
+    auto text = ModelConfigToHfJson(*c, src, DType::kFloat32);
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    auto j = nlohmann::json::parse(*text);
+    EXPECT_EQ(j["torch_dtype"], "float32");
+    EXPECT_EQ(j["max_position_embeddings"], c->max_position_embeddings);  // not the 300 cap
+    EXPECT_EQ(j["transformers_version"], nlohmann::json::parse(src)["transformers_version"]);
+    auto back = ModelConfigFromHfJson(*text, 300);
+    ASSERT_TRUE(back.ok());
+    ModelConfig want = *c;
+    want.dtype = DType::kFloat32;
+    EXPECT_EQ(back->ToString(), want.ToString());
+  }
+  // Without a base: a fresh Qwen3-architecture model names its EOS.
+  ModelConfig m;
+  m.architecture = "qwen3";
+  m.head_dim = 16;
+  auto text = ModelConfigToHfJson(m, "", DType::kFloat32, -1, {151645});
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  auto j = nlohmann::json::parse(*text);
+  EXPECT_EQ(j["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(j["eos_token_id"], 151645);
+  EXPECT_FALSE(j.contains("bos_token_id"));
+  ModelConfig bad;
+  bad.architecture = "qwen2";
+  ExpectError(ModelConfigToHfJson(bad, "", DType::kFloat32).status(), "attention_bias");
+  ExpectError(ModelConfigToHfJson(m, "[1]", DType::kFloat32).status(), "not a JSON object");
 }
 
 TEST(EngineConfigTest, Validation) {

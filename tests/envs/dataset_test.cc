@@ -86,8 +86,44 @@ TEST_F(DatasetTest, InstructionForm) {
   EXPECT_EQ(users, (std::set<std::string>{"Reverse\n\nabc", "Say hi"}));
 }
 
-TEST_F(DatasetTest, AFileWithNeitherFormIsRejectedNamingTheExpectedFields) {
-  std::string path = Write("bad.jsonl", R"({"question": "2+2", "answer": "4"})"
+// GSM8K's own format: {"question", "answer" ending in "#### N"}; scoring numeric compares
+// the final numbers, and the answer is the demonstration.
+TEST_F(DatasetTest, Gsm8kQuestionAnswerForm) {
+  std::string path = Write(
+      "gsm8k.jsonl",
+      R"({"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?", "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"})"
+      "\n"
+      R"({"question": "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?", "answer": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10"})"
+      "\n");
+  TaskConfig c;
+  c.name = "gsm8k_file";
+  c.kind = "jsonl";
+  c.path = path;
+  c.scoring = "numeric";
+  auto task = MakeTask(c);
+  ASSERT_TRUE(task.ok()) << task.status().ToString();
+  for (Split s : {Split::kTrain, Split::kEval}) {
+    Prompt p = (*task)->GetPrompt(s, 0);
+    ASSERT_EQ(p.messages.size(), 1u);
+    EXPECT_EQ(p.messages[0].role, Role::kUser);
+    EXPECT_NE(p.reference.find("\n#### "), std::string::npos);
+    auto demo = (*task)->Demonstration(p);
+    ASSERT_TRUE(demo.ok());
+    EXPECT_EQ((*task)->Verify({"", (*demo)[0].content, p.reference, ""}).reward, 1.0);
+    const std::string want = p.reference.substr(p.reference.rfind(' ') + 1);
+    EXPECT_EQ((*task)->Verify({"", "I think \\boxed{" + want + "}", p.reference, ""}).reward, 1.0);
+    EXPECT_EQ((*task)->Verify({"", "#### 11", p.reference, ""}).reward, 0.0);
+  }
+  auto bad = LoadJsonl(Write("q.jsonl", R"({"question": ""})" "\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"question\" is empty"), std::string::npos);
+  auto mixed = LoadJsonl(Write("m.jsonl", R"({"question": "a", "instruction": "b"})" "\n"));
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("use one form"), std::string::npos);
+}
+
+TEST_F(DatasetTest, AFileWithNoFormIsRejectedNamingTheExpectedFields) {
+  std::string path = Write("bad.jsonl", R"({"prompt": "2+2", "completion": "4"})"
                                         "\n");
   auto task = Load(path);
   ASSERT_FALSE(task.ok());
@@ -95,7 +131,8 @@ TEST_F(DatasetTest, AFileWithNeitherFormIsRejectedNamingTheExpectedFields) {
   EXPECT_NE(m.find("bad.jsonl:1"), std::string::npos) << m;
   EXPECT_NE(m.find("\"messages\""), std::string::npos) << m;
   EXPECT_NE(m.find("\"instruction\"/\"input\"/\"output\""), std::string::npos) << m;
-  EXPECT_NE(m.find("question"), std::string::npos) << "names the keys it found: " << m;
+  EXPECT_NE(m.find("\"question\"/\"answer\""), std::string::npos) << m;
+  EXPECT_NE(m.find("completion, prompt"), std::string::npos) << "names the keys it found: " << m;
 }
 
 TEST_F(DatasetTest, BadRowsNameFileLineAndField) {
@@ -106,7 +143,7 @@ TEST_F(DatasetTest, BadRowsNameFileLineAndField) {
   std::vector<Case> cases = {
       {"{not json", "not valid JSON"},
       {"[1, 2]", "must be a JSON object"},
-      {R"({"messages": [], "instruction": "x"})", "both"},
+      {R"({"messages": [], "instruction": "x"})", "use one form"},
       {R"({"messages": []})", "non-empty list"},
       {R"({"messages": "hi"})", "non-empty list"},
       {R"({"messages": [{"role": "robot", "content": "x"}]})", "robot"},

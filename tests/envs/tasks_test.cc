@@ -3,6 +3,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@ TaskConfig Config(const std::string& kind) {
   TaskConfig c;
   c.name = kind;
   if (kind == "wordle") c.eval_size = 50;
+  if (kind == "gsm8k") c.scoring = "numeric";
   return c;
 }
 
@@ -49,7 +51,7 @@ TEST(Tasks, DefaultReverseTaskMatchesTheDefaultJob) {
 
 TEST(Tasks, GenerationIsDeterministicAndSeeded) {
   for (const char* kind :
-       {"reverse", "sort", "add", "word_problem", "file_reverse", "file_sort", "wordle"}) {
+       {"reverse", "sort", "add", "word_problem", "gsm8k", "file_reverse", "file_sort", "wordle"}) {
     SCOPED_TRACE(kind);
     auto a = Make(Config(kind)), b = Make(Config(kind));
     TaskConfig other = Config(kind);
@@ -76,7 +78,7 @@ std::string Key(const Prompt& p) {
 
 TEST(Tasks, TrainAndEvalSplitsAreDisjoint) {
   for (const char* kind :
-       {"reverse", "sort", "add", "word_problem", "file_reverse", "file_sort", "wordle"}) {
+       {"reverse", "sort", "add", "word_problem", "gsm8k", "file_reverse", "file_sort", "wordle"}) {
     SCOPED_TRACE(kind);
     TaskConfig c = Config(kind);
     if (std::string(kind) == "reverse") c.max_len = 3;  // 17576 words: collisions would show
@@ -114,6 +116,95 @@ TEST(Tasks, CompactAndVerbosePromptFormats) {
   std::string letters = UserOf(sp).content.substr(5);
   std::sort(letters.begin(), letters.end());
   EXPECT_EQ(sp.reference, letters);
+}
+
+// GSM8K format: the answer works the problem out line by line ("a op b = c", each result
+// right) and ends with "#### N", N the answer to the question.
+TEST(Tasks, Gsm8kProblemsAreGsm8kFormattedAndRight) {
+  TaskConfig c = Config("gsm8k");
+  c.max_number = 12;
+  auto task = Make(c);
+  ASSERT_TRUE(task);
+  std::regex line("(\\d+) ([-+*/]) (\\d+) = (\\d+)");
+  std::regex number("\\d+");
+  std::set<std::string> openings;
+  for (uint64_t i = 0; i < 600; ++i) {
+    Prompt p = task->GetPrompt(Split::kTrain, i);
+    const std::string& q = UserOf(p).content;
+    const size_t mark = p.reference.rfind("\n#### ");
+    ASSERT_NE(mark, std::string::npos) << p.reference;
+    const long long final_answer = std::stoll(p.reference.substr(mark + 6));
+    std::stringstream work(p.reference.substr(0, mark));
+    std::string l;
+    long long last = -1;
+    int lines = 0;
+    while (std::getline(work, l)) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(l, m, line)) << l;
+      long long a = std::stoll(m[1]), b = std::stoll(m[3]), r = std::stoll(m[4]);
+      char op = m[2].str()[0];
+      long long want = op == '+' ? a + b : op == '-' ? a - b : op == '*' ? a * b : a / b;
+      if (op == '/') {
+        EXPECT_EQ(a % b, 0) << l;
+      }
+      EXPECT_EQ(r, want) << l;
+      EXPECT_GE(r, 0) << l;
+      last = r;
+      ++lines;
+    }
+    EXPECT_GE(lines, 1);
+    EXPECT_LE(lines, 2);
+    EXPECT_EQ(last, final_answer) << p.reference;
+    // Every operand of the first line appears in the question; operands are bounded.
+    for (auto it = std::sregex_iterator(q.begin(), q.end(), number); it != std::sregex_iterator(); ++it)
+      EXPECT_LE(std::stoll(it->str()), 12 * 12) << q;
+    openings.insert(q.substr(q.find(' ') + 1, 8));
+    // The demonstration is the answer and scores 1; a wrong final number scores 0.
+    auto demo = task->Demonstration(p);
+    ASSERT_TRUE(demo.ok());
+    EXPECT_EQ(demo->at(0).content, p.reference);
+    EXPECT_EQ(task->Verify({"", p.reference, p.reference, ""}).reward, 1.0);
+    EXPECT_EQ(task->Verify({"", "so the answer is \\boxed{" + std::to_string(final_answer) + "}",
+                            p.reference, ""})
+                  .reward,
+              1.0);
+    EXPECT_EQ(task->Verify({"", "#### " + std::to_string(final_answer + 1), p.reference, ""}).reward,
+              0.0);
+    EXPECT_EQ(task->Verify({"", std::to_string(final_answer), p.reference, ""}).reward, 0.0)
+        << "a bare number without a marker is not an answer";
+  }
+  EXPECT_GE(openings.size(), 5u) << "several problem templates";
+  TaskConfig exact = Config("gsm8k");
+  exact.scoring = "exact";
+  EXPECT_NE(MakeTask(exact).status().message().find("set scoring: numeric"), std::string::npos);
+}
+
+TEST(Verify, FinalNumericAnswer) {
+  auto f = [](const char* s) { return FinalNumericAnswer(s).value_or("<none>"); };
+  EXPECT_EQ(f("3 + 5 = 8\n#### 8"), "8");
+  EXPECT_EQ(f("#### 1,234"), "1234");
+  EXPECT_EQ(f("#### $72.50."), "72.5");
+  EXPECT_EQ(f("#### 8.0"), "8");
+  EXPECT_EQ(f("#### -0"), "0");
+  EXPECT_EQ(f("#### 007"), "7");
+  EXPECT_EQ(f("#### 0"), "0");
+  EXPECT_EQ(f("#### -3\nmore text"), "-3");
+  EXPECT_EQ(f("#### 4\n#### 5"), "5") << "the last marker counts";
+  EXPECT_EQ(f("The answer is \\boxed{42}."), "42");
+  EXPECT_EQ(f("\\boxed{\\$1{,}000}"), "<none>") << "braces inside are kept, then not a number";
+  EXPECT_EQ(f("\\boxed{\\$ 1,000}"), "1000");
+  EXPECT_EQ(f("#### 9 \\boxed{3}"), "3") << "\\boxed{} wins over ####";
+  EXPECT_EQ(f("\\boxed{12"), "<none>");
+  EXPECT_EQ(f("#### 8 apples"), "<none>");
+  EXPECT_EQ(f("#### "), "<none>");
+  EXPECT_EQ(f("#### 1.2.3"), "<none>");
+  EXPECT_EQ(f("#### 5."), "5");
+  EXPECT_EQ(f("8"), "<none>");
+  EXPECT_EQ(f(""), "<none>");
+  EXPECT_EQ(NumericAnswerMatch("#### 8", "8"), 1.0);
+  EXPECT_EQ(NumericAnswerMatch("x\n#### 8", "y\n#### 8.00"), 1.0);
+  EXPECT_EQ(NumericAnswerMatch("#### 8", "apples"), 0.0) << "a reference without a number";
+  EXPECT_EQ(NumericAnswerMatch("", "#### 8"), 0.0);
 }
 
 TEST(Tasks, WordProblemAnswersAreRight) {

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -107,8 +108,8 @@ TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {
 // A tiny SentencePiece-style tokenizer.json (+ tokenizer_config.json) in a temp folder.
 class TokenizerFolder {
  public:
-  explicit TokenizerFolder(bool with_eos)
-      : dir_(fs::path(::testing::TempDir()) / ("hf-tok-" + std::to_string(::getpid()))) {
+  explicit TokenizerFolder(bool with_eos, const std::string& name = "hf-tok")
+      : dir_(fs::path(::testing::TempDir()) / (name + "-" + std::to_string(::getpid()))) {
     fs::create_directories(dir_);
     std::ofstream(dir_ / "tokenizer.json") << R"({
       "version": "1.0", "truncation": null, "padding": null,
@@ -154,6 +155,19 @@ TEST(JobConfig, HfTokenizerIsSelectedAndValidated) {
   auto again = LoadResolvedConfig(resolved.path());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->tokenizer.path, r->tokenizer.path);
+  // In a config file, a relative path is relative to the file's folder (not to the current
+  // directory, where this one does not exist), so a shipped config runs from anywhere.
+  const fs::path config_dir = fs::path(job.path()).parent_path();
+  const std::string from_config = fs::relative(folder.dir(), config_dir).string();
+  ASSERT_FALSE(fs::exists(fs::current_path() / from_config / "tokenizer.json")) << from_config;
+  ConfigFile anchored("hf-anchored", "name: h\ntokenizer:\n  kind: hf\n  path: " + from_config + "\n");
+  auto a = LoadJobConfig(anchored.path(), {});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(fs::path(a->tokenizer.path), folder.dir().lexically_normal());
+  // ... and a --set value stays relative to the current directory.
+  auto set = LoadJobConfig(anchored.path(), {"tokenizer.path=" + relative});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(fs::path(set->tokenizer.path), (folder.dir() / "tokenizer.json").lexically_normal());
   // The default stays the character tokenizer.
   auto plain = LoadJobConfig(job.path(), {});
   ASSERT_TRUE(plain.ok());
@@ -177,6 +191,116 @@ TEST(JobConfig, BadTokenizerSettingsNameTheKey) {
            {{"tokenizer.kind=hf", "tokenizer.path=" + no_eos.dir().string()}, "names no eos_token"},
            {{"tokenizer.kind=hf", "tokenizer.path=" + no_eos.dir().string(), "model.vocab_size=4"},
             "model.vocab_size"}}) {
+    auto c = LoadJobConfig(job.path(), k.sets);
+    ASSERT_FALSE(c.ok()) << k.want;
+    EXPECT_NE(c.status().message().find(k.want), std::string::npos) << c.status().message();
+  }
+}
+
+// A Hugging Face model folder: the tiny tokenizer above, a Qwen3 config.json, a
+// generation_config.json with two EOS ids, and a (placeholder) weights file.
+class ModelFolder {
+ public:
+  explicit ModelFolder(const std::string& name, const std::string& extra_config = "",
+                       bool weights = true)
+      : tok_(/*with_eos=*/true, name) {
+    std::ofstream(tok_.dir() / "config.json") << R"({"architectures": ["Qwen3ForCausalLM"],
+      "model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "intermediate_size": 64, "max_position_embeddings": 512, "vocab_size": 8,
+      "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": true,
+      "torch_dtype": "bfloat16", "eos_token_id": 2, "transformers_version": "4.51.0")" +
+                                                     extra_config + "}";
+    std::ofstream(tok_.dir() / "generation_config.json") << R"({"eos_token_id": [2, 1]})";
+    if (weights) {
+      const std::string header = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+      std::ofstream out(tok_.dir() / "model.safetensors", std::ios::binary);
+      uint64_t n = header.size();
+      out.write(reinterpret_cast<const char*>(&n), 8);
+      out << header << std::string(4, '\0');
+    }
+  }
+  const fs::path& dir() const { return tok_.dir(); }
+
+ private:
+  TokenizerFolder tok_;
+};
+
+TEST(JobConfig, ModelFromAHuggingFaceFolder) {
+  ModelFolder folder("model-from");
+  ConfigFile job("from", "name: f\nmodel:\n  from: " + folder.dir().string() +
+                              "\n  max_seq_len: 64\n  d_model: 32\n");
+  auto c = LoadJobConfig(job.path(), {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model_from, folder.dir().lexically_normal().string());
+  {  // a relative model.from in a file is relative to the file's folder
+    ConfigFile rel("from-rel", "name: f\nmodel:\n  from: " +
+                                   fs::relative(folder.dir(), fs::path(job.path()).parent_path())
+                                       .string() +
+                                   "\n");
+    auto r = LoadJobConfig(rel.path(), {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->model_from, c->model_from);
+  }
+  EXPECT_EQ(c->model.architecture, "qwen3");
+  EXPECT_TRUE(c->model.QkNorm());
+  EXPECT_EQ(c->model.HeadDim(), 16);
+  EXPECT_EQ(c->model.vocab_size, 8);
+  EXPECT_EQ(c->model.max_seq_len, 64) << "the serving length stays the job's";
+  EXPECT_EQ(c->model.max_position_embeddings, 512);
+  EXPECT_EQ(c->model.dtype, engine::DType::kFloat32) << "the job computes in float32";
+  EXPECT_EQ(c->tokenizer.kind, "hf");
+  EXPECT_EQ(c->tokenizer.path, c->model_from);
+  auto tok = MakeTokenizer(c->tokenizer);
+  ASSERT_TRUE(tok.ok());
+  auto stop = StopTokenIds(*c, **tok);
+  ASSERT_TRUE(stop.ok());
+  EXPECT_EQ(*stop, (std::vector<int32_t>{2, 1})) << "EOS, then generation_config.json's";
+  // The resolved config reads back to the same job (its model.* keys repeat the folder's).
+  ConfigFile resolved("from-resolved", ResolvedConfigYaml(*c));
+  auto again = LoadResolvedConfig(resolved.path());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->model.ToString(), c->model.ToString());
+  EXPECT_EQ(again->model_from, c->model_from);
+  // The files that make a checkpoint a Hugging Face folder.
+  auto files = HfCompanionFiles(*c, **tok);
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  std::map<std::string, std::string> by_name(files->begin(), files->end());
+  for (const char* name : {"config.json", "generation_config.json", "tokenizer.json",
+                           "tokenizer_config.json"})
+    EXPECT_EQ(by_name.count(name), 1u) << name;
+  auto written = engine::ModelConfigFromHfJson(by_name["config.json"], 64);
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_EQ(written->ToString(), c->model.ToString());
+  EXPECT_NE(by_name["config.json"].find("\"transformers_version\": \"4.51.0\""), std::string::npos)
+      << "informational keys of the source survive";
+  EXPECT_NE(by_name["generation_config.json"].find("\"eos_token_id\""), std::string::npos);
+}
+
+TEST(JobConfig, ModelFromErrorsNameTheKey) {
+  ModelFolder good("good");
+  ModelFolder unsupported("unsupported", R"(, "quantization_config": {"bits": 4})");
+  ModelFolder no_weights("no-weights", "", /*weights=*/false);
+  ConfigFile job("from-bad", "name: f\n");
+  struct Case {
+    std::vector<std::string> sets;
+    std::string want;
+  };
+  for (const Case& k : std::vector<Case>{
+           {{"model.from=/nonexistent/folder"}, "key 'model.from': model folder '/nonexistent"},
+           {{"model.from=" + unsupported.dir().string()}, "key 'quantization_config' is not supported"},
+           {{"model.from=" + no_weights.dir().string()}, "has no weights"},
+           {{"model.from=" + good.dir().string(), "model.d_model=64"},
+            "key 'model.d_model': 64 differs from"},
+           {{"model.from=" + good.dir().string(), "model.architecture=llama"},
+            "key 'model.architecture': llama differs"},
+           {{"model.from=" + good.dir().string(), "model.max_seq_len=1024"},
+            "key 'model.max_seq_len': 1024 exceeds the 512 positions"},
+           {{"model.from=" + good.dir().string(), "chat.format=compact", "chat.variables={x: 'nope'}"},
+            "chat.variables.x"},
+           {{"chat.format=template"}, "key 'chat': chat.format is template but"},
+           {{"chat.format=fancy"}, "chat.format 'fancy'"},
+       }) {
     auto c = LoadJobConfig(job.path(), k.sets);
     ASSERT_FALSE(c.ok()) << k.want;
     EXPECT_NE(c.status().message().find(k.want), std::string::npos) << c.status().message();

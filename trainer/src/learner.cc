@@ -106,6 +106,45 @@ void StoreFlat(at::Tensor& flat, const PackedMicroBatch& mb, const at::Tensor& v
   flat.index_copy_(0, mb.valid_flat_index, values.detach().masked_select(mb.valid));
 }
 
+// What a micro-batch's forward yields at its target positions (mb.valid), as [rows, T]
+// tensors that are 0 elsewhere.
+struct TargetScores {
+  at::Tensor logprobs;  // log-prob of each target at `temperature` (engine::TokenLogprobs)
+  at::Tensor entropy;   // entropy of the tempered distribution (when asked for)
+  at::Tensor hits;      // float 1 where the argmax is the target (when asked for)
+};
+
+// Runs the model over mb.ids and evaluates the output head only at the positions that have a
+// target: prompt and padding positions never need logits, and with a 150k-token vocabulary
+// the vocab_size x d_model head is most of a small model's forward and backward (and its
+// [tokens, vocab] logits most of the memory). Same values as Forward + TokenLogprobs.
+TargetScores ScoreTargets(engine::LlamaModel& model, const PackedMicroBatch& mb,
+                          double temperature, bool entropy, bool entropy_grad, bool hits) {
+  const int64_t n = mb.rows * mb.length;
+  const at::Tensor hidden = model.ForwardHidden(mb.ids);
+  const at::Tensor idx = mb.valid.reshape({-1}).nonzero().squeeze(1);
+  const at::Tensor logits =
+      model.HeadLogits(hidden.reshape({n, hidden.size(-1)}).index_select(0, idx));
+  const at::Tensor logp = engine::ScaledLogSoftmax(logits, temperature);
+  const at::Tensor targets = mb.targets.reshape({-1}).index_select(0, idx);
+  auto scatter = [&](const at::Tensor& rows) {
+    return at::zeros({n}, rows.options()).index_copy(0, idx, rows).view({mb.rows, mb.length});
+  };
+  TargetScores out;
+  out.logprobs = scatter(logp.gather(1, targets.unsqueeze(1)).squeeze(1));
+  if (entropy) {
+    std::optional<at::NoGradGuard> no_grad;
+    if (!entropy_grad) no_grad.emplace();
+    const at::Tensor lp = entropy_grad ? logp : logp.detach();
+    out.entropy = scatter(-(lp.exp() * lp).sum(-1));
+  }
+  if (hits) {
+    at::NoGradGuard no_grad;
+    out.hits = scatter((logits.detach().argmax(-1) == targets).to(at::kFloat));
+  }
+  return out;
+}
+
 PackedMicroBatch ToDevice(PackedMicroBatch mb, const at::Device& device) {
   if (device.is_cpu()) return mb;
   for (at::Tensor* t : {&mb.ids, &mb.targets, &mb.mask, &mb.behaviour, &mb.advantages, &mb.weights,
@@ -552,9 +591,10 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
   optimizer->zero_grad();
   for (const PackedMicroBatch& mb : g.micro) {
     auto tf = SteadyClock::now();
-    const at::Tensor logits = policy->Forward(mb.ids);
+    TargetScores scores = ScoreTargets(*policy, mb, cfg.temperature, /*entropy=*/true,
+                                       /*entropy_grad=*/cfg.entropy_coef > 0, /*hits=*/false);
     PolicyLossInputs in;
-    in.logprobs = engine::TokenLogprobs(logits, mb.targets, cfg.temperature);
+    in.logprobs = scores.logprobs;
     in.proximal_logprobs = first ? in.logprobs.detach() : GatherFlat(g.prox_flat, mb);
     in.behaviour_logprobs = mb.behaviour;
     in.advantages = mb.advantages;
@@ -563,20 +603,14 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
     if (reference != nullptr) {
       if (!g.ref_ready) {
         at::NoGradGuard no_grad;
-        at::Tensor ref =
-            engine::TokenLogprobs(reference->Forward(mb.ids), mb.targets, cfg.temperature);
+        at::Tensor ref = ScoreTargets(*reference, mb, cfg.temperature, false, false, false).logprobs;
         StoreFlat(g.ref_flat, mb, ref);
         in.reference_logprobs = ref;
       } else {
         in.reference_logprobs = GatherFlat(g.ref_flat, mb);
       }
     }
-    if (cfg.entropy_coef > 0) {
-      in.entropy = TokenEntropy(logits, cfg.temperature);
-    } else {
-      at::NoGradGuard no_grad;
-      in.entropy = TokenEntropy(logits.detach(), cfg.temperature);
-    }
+    in.entropy = scores.entropy;
     PolicyLossResult res = ComputePolicyLoss(in, coef);
     if (first && keep_prox) StoreFlat(g.prox_flat, mb, in.logprobs);
     auto tb = SteadyClock::now();
@@ -718,15 +752,14 @@ Result<StepMetrics> Learner::SupervisedStep(const Demonstrations& demos) {
     for (const auto& rows : PlanMicroBatches(views, config_.micro_batch_tokens)) {
       PackedMicroBatch mb = ToDevice(PackMicroBatch(views, rows), s.device);
       auto tf = SteadyClock::now();
-      const at::Tensor logits = policy_->Forward(mb.ids);
-      const at::Tensor logp = engine::TokenLogprobs(logits, mb.targets, 1.0);
-      const at::Tensor loss = -(logp * mb.weights).sum();
+      TargetScores scores = ScoreTargets(*policy_, mb, 1.0, false, false, /*hits=*/true);
+      const at::Tensor loss = -(scores.logprobs * mb.weights).sum();
       auto tb = SteadyClock::now();
       m.forward_s += Seconds(tf, tb);
       loss.backward();
       m.backward_s += Seconds(tb, SteadyClock::now());
       at::NoGradGuard no_grad;
-      const at::Tensor hit = (logits.detach().argmax(-1) == mb.targets).to(at::kFloat) * mb.mask;
+      const at::Tensor hit = scores.hits * mb.mask;
       const at::Tensor sums = at::stack({loss.detach(), hit.sum()}).to(at::kDouble).cpu();
       m.loss += sums[0].item<double>();
       correct += sums[1].item<double>();

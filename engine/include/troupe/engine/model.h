@@ -1,7 +1,11 @@
-// LlamaModel: a Llama/Qwen2-style decoder-only transformer in libtorch.
+// LlamaModel: a Llama 3 / Qwen2 / Qwen3-style decoder-only transformer in libtorch.
 //
 //   tokens ─▶ embed ─▶ [RMSNorm ─▶ GQA attention (RoPE) ─▶ + ─▶ RMSNorm ─▶ SwiGLU ─▶ +] × L
 //          ─▶ RMSNorm ─▶ head (tied to embed, or lm_head) ─▶ float32 logits
+//
+// Family differences (ModelConfig): Qwen2 adds q/k/v biases, Qwen3 a per-head RMSNorm of
+// queries and keys before RoPE (q_norm/k_norm), Llama 3.1+ scales RoPE frequencies
+// (rope_scaling llama3); head_dim may differ from d_model / n_heads (Qwen3).
 //
 // One model serves two callers: the learner trains it through Forward()
 // (autograd, full sequences), and the generation engine runs Prefill()/Decode()
@@ -87,6 +91,12 @@ class LlamaModel : public torch::nn::Module {
   // Validates the config first; the error names the bad field.
   static Result<std::shared_ptr<LlamaModel>> Create(const ModelConfig& config, uint64_t seed = 0,
                                                     torch::Device device = torch::kCPU);
+  // Parameters allocated but not initialised (their values are whatever the allocator
+  // gives): only for a caller that overwrites every one before use, as LoadModel does
+  // (drawing 600M random numbers that are replaced at once took most of a Qwen3-0.6B
+  // load). The config must be valid (TROUPE_CHECK).
+  struct Uninitialized {};
+  LlamaModel(const ModelConfig& config, Uninitialized, torch::Device device = torch::kCPU);
 
   const ModelConfig& config() const { return config_; }
   torch::Device device() const;
@@ -96,6 +106,14 @@ class LlamaModel : public torch::nn::Module {
   // [B, T, vocab_size], differentiable w.r.t. the parameters. Throws c10::Error on
   // bad shapes or ids outside the vocabulary (use CheckTokens first for untrusted input).
   torch::Tensor Forward(const torch::Tensor& ids);
+  // Forward without the output head: the final-normed hidden states [B, T, d_model]
+  // (model dtype), differentiable. With HeadLogits, callers that need logits at a few
+  // positions only (a learner scoring response tokens) skip the vocab_size x d_model matmul
+  // everywhere else -- with a 150k-token vocabulary, most of a small model's compute.
+  torch::Tensor ForwardHidden(const torch::Tensor& ids);
+  // The output head (tied embedding or lm_head) on hidden rows [..., d_model]: float32
+  // logits [..., vocab_size]. Forward(ids) == HeadLogits(ForwardHidden(ids)).
+  torch::Tensor HeadLogits(const torch::Tensor& hidden) const;
 
   // Checks an id tensor for Forward/Prefill: 1-D or 2-D integer, at most max_seq_len long,
   // every id in [0, vocab_size). The error names the first offending id and position.
@@ -129,7 +147,7 @@ class LlamaModel : public torch::nn::Module {
                      KvCache& cache);
 
   // Every parameter under its Hugging Face name, in a fixed order: embed_tokens, then per
-  // layer input_layernorm, q/k/v(/biases)/o_proj, post_attention_layernorm,
+  // layer input_layernorm, q/k/v(/biases)/o_proj, q_norm/k_norm (Qwen3), post_attention_layernorm,
   // gate/up/down_proj, then model.norm and (untied only) lm_head. The tensors share
   // storage with the parameters (writes under torch::NoGradGuard change the model).
   NamedTensors NamedWeights() const;
@@ -146,8 +164,9 @@ class LlamaModel : public torch::nn::Module {
   void InitRandom(uint64_t seed, double std = 0.02);
 
  private:
+  void Allocate(const ModelConfig& config);  // registers every parameter and buffer
   struct Layer {
-    torch::Tensor input_norm, qkv_w, qkv_b, o_w, post_norm, gate_up_w, down_w;
+    torch::Tensor input_norm, qkv_w, qkv_b, o_w, q_norm, k_norm, post_norm, gate_up_w, down_w;
   };
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos,

@@ -6,7 +6,10 @@
 //      is not part of the prompt), OR
 //   "instruction": "...", optional "input": "...", optional "output": "..."
 //     (the user message is instruction, plus "\n\n" + input when input is
-//      non-empty; output is the reference).
+//      non-empty; output is the reference), OR
+//   "question": "...", "answer": "... #### N" (GSM8K's format: the question is the user
+//     message, the answer the reference and the demonstration; scoring: numeric compares
+//     final numbers).
 // Optional fields on either form: "id" (string or integer), "reference" or
 // "answer" (overrides the reference), "service" (external reward service
 // name), "metadata" (an object passed to verifiers and services), "split"

@@ -7,6 +7,7 @@
 // thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,5 +59,17 @@ double RightAlignedCredit(std::string_view response, std::string_view reference)
 // O(n*m) cost).
 double EditDistanceCredit(std::string_view response, std::string_view reference);
 inline constexpr size_t kMaxEditChars = 4096;
+
+// The final numeric answer of a math solution, normalised: the content of the last
+// `\boxed{...}` (braces balanced), else the rest of the line after the last `####` (GSM8K's
+// marker). Whitespace, thousands commas, `$` / `\$` and one trailing '.' are dropped; what is
+// left must be a decimal number (-?digits[.digits]); trailing fractional zeros are removed
+// ("72.50" -> "72.5", "8.0" -> "8", "-0" -> "0"). nullopt when there is no marker or the
+// marked text is not a number.
+std::optional<std::string> FinalNumericAnswer(std::string_view text);
+
+// 1 when the response's final numeric answer equals the reference's (its own marker, or the
+// whole reference when it is a bare number), else 0. scoring: numeric.
+double NumericAnswerMatch(std::string_view response, std::string_view reference);
 
 }  // namespace troupe::envs

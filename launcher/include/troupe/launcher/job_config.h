@@ -150,7 +150,14 @@ struct JobConfig {
     m.vocab_size = 0;
     return m;
   }();
+  // model.from: a Hugging Face model folder (config.json, weights, tokenizer files) the job
+  // starts from. Its config.json fixes the architecture (model.* keys may only repeat its
+  // values; max_seq_len and dtype stay the job's), its weights are the initial policy
+  // unless warm_start.init_from names others, and the tokenizer and chat template come
+  // from it unless tokenizer.path names another folder. Made absolute when read.
+  std::string model_from;
   TokenizerSpec tokenizer;
+  envs::ChatConfig chat;                     // how prompts render (the model's chat template, ...)
   std::vector<envs::TaskConfig> tasks;       // `task:` (one) or `tasks:` (several)
   envs::EpisodeConfig episode;               // multi-turn limits
   envs::RewardClientConfig reward_services;  // external reward services
@@ -187,5 +194,19 @@ std::vector<config::KeyDoc> JobConfigKeys();
 std::string TokenizerAlphabet(const TokenizerSpec& spec);
 // Builds the tokenizer a (validated) TokenizerSpec names: CharTokenizer or HfTokenizer.
 Result<std::unique_ptr<engine::Tokenizer>> MakeTokenizer(const TokenizerSpec& spec);
+// The folder of an hf tokenizer (tokenizer.path, or the folder of a tokenizer.json file),
+// which holds tokenizer_config.json and its chat template; "" for kind char.
+std::string TokenizerFolder(const TokenizerSpec& spec);
+// Ids that end a reply: the tokenizer's EOS plus, with model.from, the folder's
+// generation_config.json eos_token_id list (in that order, without repeats).
+Result<std::vector<int32_t>> StopTokenIds(const JobConfig& job, const engine::Tokenizer& tokenizer);
+// The files that turn a folder holding the policy's model.safetensors (model dtype, Hugging
+// Face names) into a complete Hugging Face folder, as (name, contents): config.json (the
+// job's model written over model.from's config.json, so its informational keys survive),
+// generation_config.json (model.from's, else the tokenizer's BOS and EOS), and the files of
+// an hf tokenizer (tokenizer.json, tokenizer_config.json, ...). Learner checkpoints carry
+// them; `troupe export` copies them.
+Result<std::vector<std::pair<std::string, std::string>>> HfCompanionFiles(
+    const JobConfig& job, const engine::Tokenizer& tokenizer);
 
 }  // namespace troupe::launcher

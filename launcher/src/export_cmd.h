@@ -1,0 +1,33 @@
+// `troupe export RUN [--checkpoint N] --to DIR`: a run's checkpoint as a Hugging Face model
+// folder (config.json, model.safetensors or shards with model.safetensors.index.json,
+// generation_config.json, the tokenizer files) that transformers, Troupe's `model.from`
+// and the parity reference load with bit-identical weights. Torch-free: tensors are copied
+// byte for byte through troupe::hf_folder.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "troupe/core/status.h"
+
+namespace troupe::launcher {
+
+struct ExportArgs {
+  std::string run;                     // run folder or name ("" = runs/latest)
+  int64_t checkpoint = -1;             // checkpoint step (-1: the latest)
+  std::string to;                      // the folder to write (must not exist or be empty)
+  std::string max_shard_size = "5GB";  // shard limit: bytes, or with KB/MB/GB (10^3) or KiB/MiB/GiB
+};
+
+// Registers the subcommand on `app`; parsed values land in *args.
+CLI::App* AddExportCommand(CLI::App& app, ExportArgs* args);
+// Runs it; returns the exit code (2 for a bad RUN, checkpoint or argument, 1 for I/O errors),
+// after one line naming the problem on stderr, or the summary on stdout.
+int RunExport(const std::string& runs_dir, const ExportArgs& args);
+
+// "5GB" -> 5e9, "512MiB" -> 2^29, "1000" -> 1000; error naming the text otherwise.
+Result<uint64_t> ParseByteSize(const std::string& text);
+
+}  // namespace troupe::launcher
