@@ -431,5 +431,30 @@ TEST_F(ProtocolTest, TheRendezvousStoreAnswersMembersOnlyAndOnlyUnderItsPrefix) 
   EXPECT_EQ(learner.net().counters().rejected_count(RejectReason::kUnexpected), 2u);
 }
 
+// Newer torch clones stores (c10d::Store::clone) to use them from its own threads: a clone of
+// either side sees and changes the same map, over its own connection for a member.
+TEST_F(ProtocolTest, ClonedRendezvousStoresShareTheMap) {
+  Actor learner = MakeActor("learner"), member = MakeActor("r0");
+  auto server = RendezvousServer::Start(&learner.net(), "127.0.0.1", {"learner", 1},
+                                        "troupe/weights/1/secret", {"r0"});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto t = std::chrono::milliseconds(2000);
+  auto store = ConnectRendezvous(&member.net(), (*server)->endpoint(), {"r0", 2}, t, nullptr);
+  auto local = (*server)->LocalStore(t, nullptr);
+  auto remote_clone = CloneRendezvousStore(*store);
+  auto local_clone = CloneRendezvousStore(*local);
+  remote_clone->set("troupe/weights/1/secret/x", {4, 2});
+  EXPECT_EQ(store->get("troupe/weights/1/secret/x"), (std::vector<uint8_t>{4, 2}));
+  EXPECT_EQ(local_clone->get("troupe/weights/1/secret/x"), (std::vector<uint8_t>{4, 2}));
+  local_clone->set("troupe/weights/1/secret/y", {7});
+  EXPECT_EQ(remote_clone->get("troupe/weights/1/secret/y"), std::vector<uint8_t>{7});
+  EXPECT_EQ(remote_clone->add("troupe/weights/1/secret/n", 3), 3);
+  EXPECT_EQ(store->add("troupe/weights/1/secret/n", 1), 4);
+  // The clone lives on after the original is gone.
+  store.reset();
+  EXPECT_EQ(remote_clone->get("troupe/weights/1/secret/y"), std::vector<uint8_t>{7});
+  EXPECT_EQ((*server)->refused(), 0u);
+}
+
 }  // namespace
 }  // namespace troupe::broadcast
