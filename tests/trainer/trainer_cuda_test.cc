@@ -153,7 +153,8 @@ TEST(LearnerCuda, OneUpdateEqualsTheCpuLearnersWithinTolerance) {
   auto sg = gpu->SupervisedStep(d);
   ASSERT_TRUE(sc.ok() && sg.ok()) << sc.status().ToString() << sg.status().ToString();
   EXPECT_LE(Rel(sc->loss, sg->loss), 1e-4);
-  EXPECT_EQ(sc->token_accuracy, sg->token_accuracy);
+  // Argmax hits: a near-tie among the small random logits may fall either way on a token.
+  EXPECT_NEAR(sc->token_accuracy, sg->token_accuracy, 0.05);
 }
 
 class TempDir {
