@@ -187,8 +187,8 @@ double EngineDecodeSeconds(std::shared_ptr<engine::LlamaModel> m, const Options&
 }
 
 json Decode(const Options& o, const at::Device& dev, Clock::time_point start) {
-  const engine::ModelConfig c = ModelShape(o, dev.is_cpu() ? engine::DType::kFloat32
-                                                           : engine::DType::kBFloat16);
+  const engine::ModelConfig c =
+      ModelShape(o, dev.is_cpu() ? engine::DType::kFloat32 : engine::DType::kBFloat16);
   auto m = std::make_shared<engine::LlamaModel>(c, 1, dev);
   const int64_t wbytes = WeightBytes(*m);
   const int steps = o.new_tokens - 1;  // the first new token comes from the prefill
@@ -220,9 +220,10 @@ json Decode(const Options& o, const at::Device& dev, Clock::time_point start) {
                 {"engine_vs_limit", engine_tps / limit},
                 {"engine_vs_model", engine_tps / model_tps},
                 {"bytes_per_step_mb", bytes / steps / 1e6}});
-    std::printf("decode B=%-4d model %9.0f tok/s  engine %9.0f tok/s  limit %9.0f tok/s  "
-                "(model %.2f, engine %.2f of the limit)\n",
-                B, model_tps, engine_tps, limit, model_tps / limit, engine_tps / limit);
+    std::printf(
+        "decode B=%-4d model %9.0f tok/s  engine %9.0f tok/s  limit %9.0f tok/s  "
+        "(model %.2f, engine %.2f of the limit)\n",
+        B, model_tps, engine_tps, limit, model_tps / limit, engine_tps / limit);
     std::fflush(stdout);
     rows.push_back(row);
   }
@@ -288,8 +289,8 @@ json LearnerSection(const Options& o, const at::Device& dev) {
   for (int u = 0; u <= o.learner_updates; ++u) {
     int64_t generated = 0;
     const auto t0 = Clock::now();
-    trainer::TrainBatch b = Rollouts(**eng, o, prompts, G, static_cast<uint64_t>(u), rng,
-                                     &generated);
+    trainer::TrainBatch b =
+        Rollouts(**eng, o, prompts, G, static_cast<uint64_t>(u), rng, &generated);
     const auto t1 = Clock::now();
     auto a = (*learner)->Offer(std::move(b));
     TROUPE_CHECK_MSG(a.ok(), "offer: {}", a.status().ToString());
@@ -312,9 +313,10 @@ json LearnerSection(const Options& o, const at::Device& dev) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("learner (float32, %d sequences/update): generated %.0f tok/s, trained %.0f tok/s "
-              "(prompt + response, padded), update %.2f s\n",
-              prompts * G, median(gen_tps), median(train_tps), median(update_s));
+  std::printf(
+      "learner (float32, %d sequences/update): generated %.0f tok/s, trained %.0f tok/s "
+      "(prompt + response, padded), update %.2f s\n",
+      prompts * G, median(gen_tps), median(train_tps), median(update_s));
   return {{"dtype", "float32"},
           {"sequences_per_update", prompts * G},
           {"trained_tokens_per_update", trained_tokens},
@@ -372,14 +374,22 @@ int Main(int argc, char** argv) {
       TROUPE_CHECK_MSG(i + 1 < argc, "{} needs a value", a);
       return argv[++i];
     };
-    if (a == "--device") o.device = next();
-    else if (a == "--tiny") o.tiny = true;
-    else if (a == "--batches") o.batches = ParseList(next());
-    else if (a == "--prompt") o.prompt = std::stoi(next());
-    else if (a == "--new") o.new_tokens = std::stoi(next());
-    else if (a == "--hbm-tbps") o.hbm_tbps = std::stod(next());
-    else if (a == "--learner-updates") o.learner_updates = std::stoi(next());
-    else if (a == "--budget-s") o.budget_s = std::stod(next());
+    if (a == "--device")
+      o.device = next();
+    else if (a == "--tiny")
+      o.tiny = true;
+    else if (a == "--batches")
+      o.batches = ParseList(next());
+    else if (a == "--prompt")
+      o.prompt = std::stoi(next());
+    else if (a == "--new")
+      o.new_tokens = std::stoi(next());
+    else if (a == "--hbm-tbps")
+      o.hbm_tbps = std::stod(next());
+    else if (a == "--learner-updates")
+      o.learner_updates = std::stoi(next());
+    else if (a == "--budget-s")
+      o.budget_s = std::stod(next());
     else {
       std::fprintf(stderr, "gpu_bench: unknown argument %s (see the file comment)\n", a.c_str());
       return 2;
@@ -417,5 +427,10 @@ int Main(int argc, char** argv) {
 }  // namespace troupe
 
 int main(int argc, char** argv) {
-  return troupe::Main(argc, argv);
+  try {
+    return troupe::Main(argc, argv);
+  } catch (const std::exception& e) {  // a bad number on the command line, a device torch refuses
+    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+    return 2;
+  }
 }

@@ -272,8 +272,8 @@ Result<Layout> PlanLayout(const NamedTensors& named, WireDtype wire_dtype, uint6
     if (!names.insert(name).second) return InvalidArgument("tensor name '{}' appears twice", name);
     if (!t.defined()) return InvalidArgument("tensor '{}' is undefined", name);
     if (!t.device().is_cpu() && !t.device().is_cuda())
-      return InvalidArgument("tensor '{}' is on {}; only CPU and CUDA tensors are broadcast",
-                             name, t.device().str());
+      return InvalidArgument("tensor '{}' is on {}; only CPU and CUDA tensors are broadcast", name,
+                             t.device().str());
     if (t.layout() != at::kStrided || t.is_quantized())
       return InvalidArgument("tensor '{}' is not a dense strided tensor", name);
     if (t.dim() > static_cast<int64_t>(kMaxDims))
@@ -328,8 +328,9 @@ Status PackTensors(const NamedTensors& named, const Layout& layout, uint8_t* fla
         std::memcpy(dst, t.data_ptr(), slot.bytes);
       } else {
         // torch moves the bytes: D2H into a host stream, H2D or D2D into a device one.
-        at::Tensor view = at::from_blob(
-            dst, slot.shape, at::TensorOptions().dtype(ToScalarType(slot.wire)).device(flat_device));
+        at::Tensor view =
+            at::from_blob(dst, slot.shape,
+                          at::TensorOptions().dtype(ToScalarType(slot.wire)).device(flat_device));
         view.copy_(t);
       }
     }
@@ -427,9 +428,9 @@ Result<NamedTensors> UnpackTensors(const Layout& layout, const uint8_t* flat,
       if (cast_area == nullptr) return Internal("no cast area for down-cast tensor '{}'", s.name);
       cast_offset = AlignUp(cast_offset, kSlotAlignment);
       t = at::from_blob(cast_area + cast_offset, s.shape, keep_cast, opts);
-      at::Tensor src = at::from_blob(
-          const_cast<uint8_t*>(flat) + s.offset, s.shape,
-          at::TensorOptions().dtype(ToScalarType(s.wire)).device(flat_device));
+      at::Tensor src =
+          at::from_blob(const_cast<uint8_t*>(flat) + s.offset, s.shape,
+                        at::TensorOptions().dtype(ToScalarType(s.wire)).device(flat_device));
       t.copy_(src);
       cast_offset += static_cast<uint64_t>(t.numel()) * ItemSize(s.dtype);
     }

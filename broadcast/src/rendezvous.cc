@@ -498,9 +498,8 @@ c10::intrusive_ptr<c10d::Store> ConnectRendezvous(transport::Network* network,
   auto s = network->Connect(transport::SocketKind::kClient, endpoint,
                             ControlSocketOptions(UnguessableIdentity(header.sender)));
   if (!s.ok()) throw std::runtime_error("rendezvous store: " + s.status().ToString());
-  return c10::make_intrusive<RemoteRendezvousStore>(network, endpoint, std::move(s).value(),
-                                                    std::move(header), timeout,
-                                                    std::move(interrupt));
+  return c10::make_intrusive<RemoteRendezvousStore>(
+      network, endpoint, std::move(s).value(), std::move(header), timeout, std::move(interrupt));
 }
 
 c10::intrusive_ptr<c10d::Store> CloneRendezvousStore(c10d::Store& store) {

@@ -150,7 +150,10 @@ PY
     HDR_PID=$!
   fi
 fi
-note "probe: $(grep -m1 -E '^torch|^#define TORCH_VERSION' -A0 "$OUT/probe.txt" | head -1), $GPUS GPU(s)"
+if [ $DRY = 1 ]; then
+  TV="$(grep -A1 'define TORCH_VERSION ' /usr/include/torch/csrc/api/include/torch/version.h | grep -o '[0-9][0-9.]*') (Debian, CPU)"
+fi
+note "probe: torch ${TV:-unknown}, $GPUS GPU(s)"
 jl kind=phase name=probe gpus="$GPUS" torch_ok="$TORCH_OK" seconds="$(el)"
 
 # ---- 2. deps: unpack the carried Debian 12 prefix and relocate it ---------------------------

@@ -1,6 +1,7 @@
 // The broadcast layout with CUDA tensors and device streams (label gpu; every case skips when
-// torch sees no CUDA device; TROUPE_GPU_TEST_DEVICE=cpu dry-runs them on the CPU). The CPU pack of the same tensors is the reference: a stream is
-// the same bytes wherever the tensors or the stream live.
+// torch sees no CUDA device; TROUPE_GPU_TEST_DEVICE=cpu dry-runs them on the CPU). The CPU pack of
+// the same tensors is the reference: a stream is the same bytes wherever the tensors or the stream
+// live.
 //
 //   * CUDA tensors packed into a host stream (what WeightSender does for a learner on a GPU)
 //     give the CPU pack's bytes, as stored and with the bfloat16 wire cast;
@@ -23,7 +24,6 @@ namespace {
 
 using testing::CompareWeights;
 using testing::MakeWeights;
-
 
 uint64_t Seed() {
   static uint64_t seed = [] {
@@ -93,13 +93,13 @@ TEST_P(CudaLayout, DeviceStreamUnpacksIntoCudaTensors) {
   const NamedTensors gpu = ToDevice(cpu, gpu_dev);
   auto layout = PlanLayout(gpu, wire, 1 << 16, 1 << 14);
   ASSERT_TRUE(layout.ok());
-  auto dev = std::make_shared<at::Tensor>(
-      at::empty({static_cast<int64_t>(layout->total_bytes)},
-                at::TensorOptions().dtype(at::kByte).device(gpu_dev)));
+  auto dev =
+      std::make_shared<at::Tensor>(at::empty({static_cast<int64_t>(layout->total_bytes)},
+                                             at::TensorOptions().dtype(at::kByte).device(gpu_dev)));
   ASSERT_TRUE(PackTensors(gpu, *layout, dev->data_ptr<uint8_t>(), gpu_dev).ok());
-  auto cast = std::make_shared<at::Tensor>(
-      at::empty({static_cast<int64_t>(CastAreaBytes(*layout)) + 1},
-                at::TensorOptions().dtype(at::kByte).device(gpu_dev)));
+  auto cast =
+      std::make_shared<at::Tensor>(at::empty({static_cast<int64_t>(CastAreaBytes(*layout)) + 1},
+                                             at::TensorOptions().dtype(at::kByte).device(gpu_dev)));
   auto named = UnpackTensors(*layout, dev->data_ptr<uint8_t>(), dev, cast->data_ptr<uint8_t>(),
                              cast, gpu_dev);
   ASSERT_TRUE(named.ok()) << named.status().ToString();

@@ -36,8 +36,8 @@ inline std::string GpuTestSkipReason() {
 
 }  // namespace troupe::testing
 
-#define TROUPE_REQUIRE_GPU_DEVICE()                                             \
-  do {                                                                          \
-    const std::string troupe_skip_ = ::troupe::testing::GpuTestSkipReason();    \
-    if (!troupe_skip_.empty()) GTEST_SKIP() << troupe_skip_;                    \
+#define TROUPE_REQUIRE_GPU_DEVICE()                                          \
+  do {                                                                       \
+    const std::string troupe_skip_ = ::troupe::testing::GpuTestSkipReason(); \
+    if (!troupe_skip_.empty()) GTEST_SKIP() << troupe_skip_;                 \
   } while (0)

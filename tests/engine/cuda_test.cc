@@ -68,9 +68,8 @@ std::shared_ptr<LlamaModel> Model(const ModelConfig& c, torch::Device device) {
 }
 
 // `plain`: the device path's torch ops even on the CPU (the fused CPU kernels off).
-std::unique_ptr<Engine> MakeEngine(const ModelConfig& c, const std::string& device,
-                                   int32_t slots, std::shared_ptr<LlamaModel> model,
-                                   bool plain = false) {
+std::unique_ptr<Engine> MakeEngine(const ModelConfig& c, const std::string& device, int32_t slots,
+                                   std::shared_ptr<LlamaModel> model, bool plain = false) {
   EngineConfig ec;
   ec.model = c;
   ec.num_slots = slots;
@@ -115,10 +114,10 @@ Scored Score(LlamaModel& cpu, const std::vector<int32_t>& prompt,
   at::Tensor logits = cpu.Forward(t.slice(1, 0, t.size(1) - 1))
                           .slice(1, static_cast<int64_t>(prompt.size()) - 1)
                           .squeeze(0);
-  at::Tensor lp = TokenLogprobs(logits.unsqueeze(0), t.slice(1, static_cast<int64_t>(prompt.size())),
-                                1.0)
-                      .squeeze(0)
-                      .contiguous();
+  at::Tensor lp =
+      TokenLogprobs(logits.unsqueeze(0), t.slice(1, static_cast<int64_t>(prompt.size())), 1.0)
+          .squeeze(0)
+          .contiguous();
   at::Tensor top2 = std::get<0>(logits.topk(2, -1));
   at::Tensor gap = (top2.select(1, 0) - top2.select(1, 1)).contiguous();
   Scored s;
@@ -170,9 +169,10 @@ TEST(EngineCuda, GreedyTokensEqualTheCpuEngineAndLogprobsWithin1e3) {
     }
     tokens += same;
   }
-  std::printf("engine cuda vs cpu (float32): %zu tokens compared, max |dlogprob| %.3g, "
-              "%d of %zu sequences cut at a near-tie\n",
-              tokens, max_diff, ties, a->size());
+  std::printf(
+      "engine cuda vs cpu (float32): %zu tokens compared, max |dlogprob| %.3g, "
+      "%d of %zu sequences cut at a near-tie\n",
+      tokens, max_diff, ties, a->size());
   EXPECT_LE(ties, static_cast<int>(a->size() / 10));  // ties are rare with these weights
   EXPECT_GT(tokens, size_t{500});
 }
@@ -200,9 +200,10 @@ TEST(EngineCuda, Bfloat16LogprobsAgainstFloat32Cpu) {
     }
   }
   ASSERT_GT(n, size_t{100});
-  std::printf("engine cuda bfloat16 vs cpu float32 on the same tokens: %zu tokens, "
-              "max |dlogprob| %.3g, mean %.3g\n",
-              n, max_diff, sum / static_cast<double>(n));
+  std::printf(
+      "engine cuda bfloat16 vs cpu float32 on the same tokens: %zu tokens, "
+      "max |dlogprob| %.3g, mean %.3g\n",
+      n, max_diff, sum / static_cast<double>(n));
   // bfloat16 keeps 8 bits of mantissa: per-token log-prob errors of a few 1e-2 are expected
   // (the CPU dry run measured mean 0.03, max 0.13); a broken path is off by whole nats.
   EXPECT_LT(sum / static_cast<double>(n), 0.1);

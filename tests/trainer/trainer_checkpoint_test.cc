@@ -21,8 +21,8 @@
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 #include "troupe/core/check.h"
@@ -275,8 +275,7 @@ TEST(Checkpoint, CheckpointOfAnotherTorchVersionIsRefused) {
   EXPECT_EQ(l->version(), 0u);
 
   // Another minor of the same major is another format too (2.1 -> 2.2 changed the keys).
-  const std::string minor =
-      fmt::format("{}.{}.0", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1);
+  const std::string minor = fmt::format("{}.{}.0", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1);
   EditState(*path, [&](nlohmann::json& j) { j["torch_version"] = minor; });
   EXPECT_THAT(l->LoadCheckpoint(*path).message(), HasSubstr("written by torch " + minor));
 
@@ -287,8 +286,7 @@ TEST(Checkpoint, CheckpointOfAnotherTorchVersionIsRefused) {
   EXPECT_THAT(st.message(), HasSubstr("torch_version"));
 
   // A patch release reads its minor's archives (local suffixes such as +cu124 are ignored).
-  const std::string patch =
-      fmt::format("{}.{}.99+cu999", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
+  const std::string patch = fmt::format("{}.{}.99+cu999", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
   EditState(*path, [&](nlohmann::json& j) { j["torch_version"] = patch; });
   st = l->LoadCheckpoint(*path);
   EXPECT_TRUE(st.ok()) << st.ToString();

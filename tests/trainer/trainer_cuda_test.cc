@@ -73,8 +73,8 @@ LearnerConfig Cfg() {
 }
 
 std::unique_ptr<Learner> Make(const LearnerConfig& c, uint64_t seed, torch::Device device) {
-  auto l = Learner::Create(c, Model(seed, device),
-                           c.kl_coef > 0 ? Model(seed + 1, device) : nullptr);
+  auto l =
+      Learner::Create(c, Model(seed, device), c.kl_coef > 0 ? Model(seed + 1, device) : nullptr);
   TROUPE_CHECK_MSG(l.ok(), "{}", l.status().ToString());
   return std::move(l).value();
 }
@@ -124,9 +124,10 @@ void ExpectWeightsClose(Learner& cpu, Learner& gpu, double lr, const char* what)
     far += (d > 1e-2 * lr).sum().item<int64_t>();
     total += d.numel();
   }
-  std::printf("%s: weights after the update: max |cpu - cuda| %.3g (lr %.g), %lld of %lld "
-              "elements differ by more than lr/100\n",
-              what, max_diff, lr, static_cast<long long>(far), static_cast<long long>(total));
+  std::printf(
+      "%s: weights after the update: max |cpu - cuda| %.3g (lr %.g), %lld of %lld "
+      "elements differ by more than lr/100\n",
+      what, max_diff, lr, static_cast<long long>(far), static_cast<long long>(total));
   EXPECT_LE(max_diff, 2 * lr * (1 + 1e-3)) << what;
   EXPECT_LE(static_cast<double>(far), 1e-3 * static_cast<double>(total)) << what;
 }

@@ -350,7 +350,9 @@ BatchFate FateOfRefusal(const Status& s) {
   return s.code() == Code::kStale ? BatchFate::kStale : BatchFate::kInvalid;
 }
 
-void Learner::ResetOptimizer() { state_->optimizer = MakeOptimizer(config_, state_->params); }
+void Learner::ResetOptimizer() {
+  state_->optimizer = MakeOptimizer(config_, state_->params);
+}
 
 std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
   MutexLock l(state_->mu);
@@ -546,7 +548,8 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
       groups[gid].first += gb.batch.rewards[i];
       groups[gid].second += 1;
     }
-    for (const auto& [gid, sn] : groups) m.group_rewards.push_back(sn.first / static_cast<double>(sn.second));
+    for (const auto& [gid, sn] : groups)
+      m.group_rewards.push_back(sn.first / static_cast<double>(sn.second));
   }
   if (reward_n > 0) {
     m.reward_mean = reward_sum / static_cast<double>(reward_n);
@@ -616,7 +619,8 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
     m.is_truncated_fraction = total.truncated / tokens;
     m.logprob_mismatch_mean = total.mismatch_sum / tokens;
     m.logprob_mismatch_max = total.mismatch_max;
-    for (double c : total.is_weight_histogram) m.is_weight_histogram.push_back(static_cast<int64_t>(std::llround(c)));
+    for (double c : total.is_weight_histogram)
+      m.is_weight_histogram.push_back(static_cast<int64_t>(std::llround(c)));
     if (!std::isfinite(m.loss)) {
       return Internal("non-finite loss {}: optimizer step skipped", m.loss);
     }
