@@ -25,7 +25,8 @@
 # GPU_DEPS_DIR (where the prefix is unpacked; default /tmp/troupe-gpu-deps), PYTHON
 # (python3), JOBS (nproc), GPU_RUN_TESTS (test names to run instead of the default list),
 # GPU_RUN_JOB (1: run the default job; default 1 on a GPU, 0 in the dry run),
-# GPU_RUN_HEADERS (1: pack the wheel's headers; default 1 on a GPU).
+# GPU_RUN_HEADERS (1: pack the wheel's headers; default 1 on a GPU), GPU_BUILD_LIMIT (seconds
+# for the build, default 300).
 set -uo pipefail
 DRY=0
 [ "${1:-}" = "--cpu-dry-run" ] && DRY=1
@@ -213,10 +214,10 @@ if [ $CONF_OK = 1 ]; then
   known=$(ninja -C "$B" -t targets all 2>/dev/null | cut -d: -f1)
   TARGETS=""
   for t in $TESTS gpu_bench broadcast_bench troupe troupe-actor; do
-    echo "$known" | grep -qx "$t" && TARGETS="$TARGETS $t"
+    grep -qx "$t" <<<"$known" && TARGETS="$TARGETS $t"
   done
   # shellcheck disable=SC2086
-  timeout "$(bounded 300)" cmake --build "$B" -j"$NJ" --target $TARGETS -- -k 0 >"$OUT/build.log" 2>&1 &&
+  timeout "$(bounded "${GPU_BUILD_LIMIT:-300}")" cmake --build "$B" -j"$NJ" --target $TARGETS -- -k 0 >"$OUT/build.log" 2>&1 &&
     BUILD_OK=1
   errors=$(grep -c 'error:' "$OUT/build.log")
   note "build: $([ $BUILD_OK = 1 ] && echo ok || echo "FAILED or cut off") ($errors compile errors; targets:$TARGETS)"
