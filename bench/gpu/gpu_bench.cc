@@ -283,6 +283,9 @@ json LearnerSection(const Options& o, const at::Device& dev) {
   ec.intra_op_threads = 0;
   auto eng = engine::Engine::Create(ec);  // its own copy of the weights on the same device
   TROUPE_CHECK_MSG(eng.ok(), "engine: {}", eng.status().ToString());
+  // The learner's weights from the start: the rollouts are on-policy.
+  Status synced = (*eng)->UpdateWeights(0, (*learner)->NamedWeights(), Deadline::InMs(60000));
+  TROUPE_CHECK_MSG(synced.ok(), "initial weights: {}", synced.ToString());
   std::mt19937_64 rng(5);
   std::vector<double> gen_tps, train_tps, update_s;
   int64_t trained_tokens = 0;
