@@ -4,8 +4,8 @@
 
 #include "role_common.h"
 #include "troupe/actors/echo.h"
+#include "troupe/launcher/address.h"
 #include "troupe/launcher/job_config.h"
-#include "troupe/launcher/spawner.h"
 
 namespace troupe::actors {
 

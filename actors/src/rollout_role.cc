@@ -94,6 +94,29 @@ struct FinishedGroup {
   std::chrono::steady_clock::time_point release{};  // fault injection: not sent before this
 };
 
+// A sample's tokens as its wire record carries them, whichever path (one
+// engine request, or a tool episode) produced it.
+SequenceRecord TokenRecord(std::vector<int32_t> prompt, std::vector<int32_t> response,
+                           std::vector<float> logprobs, std::vector<uint8_t> mask,
+                           std::vector<uint64_t> token_versions, wire::FinishReason finish) {
+  SequenceRecord sr;
+  sr.prompt = std::move(prompt);
+  sr.response = std::move(response);
+  sr.logprobs = std::move(logprobs);
+  sr.mask = std::move(mask);
+  sr.token_versions = std::move(token_versions);
+  sr.finish = finish;
+  return sr;
+}
+
+// What a sample's record carries from its prompt and task.
+void DescribeSample(const envs::Prompt& prompt, const envs::Task& task, SequenceRecord* sr) {
+  sr->prompt_id = prompt.id;
+  sr->task = task.name();
+  sr->reference = prompt.reference;
+  sr->service = prompt.service;
+}
+
 // A multi-turn group waiting for an episode worker.
 struct EpisodeGroup {
   uint64_t serial = 0;
@@ -388,14 +411,9 @@ Status RolloutRole::SubmitGroups() {
             }
             f.policy_version = std::min(f.policy_version, r.policy_version);
             f.tokens += r.num_new_tokens;
-            SequenceRecord sr;
-            sr.prompt = std::move(r.prompt_ids);
-            sr.response = std::move(r.response_ids);
-            sr.logprobs = std::move(r.logprobs);
-            sr.mask = std::move(r.mask);
-            sr.token_versions = std::move(r.token_versions);
-            sr.finish = WireFinish(r.finish_reason);
-            f.seqs.push_back(std::move(sr));
+            f.seqs.push_back(TokenRecord(std::move(r.prompt_ids), std::move(r.response_ids),
+                                         std::move(r.logprobs), std::move(r.mask),
+                                         std::move(r.token_versions), WireFinish(r.finish_reason)));
           }
           MutexLock l(done_mu_);
           done_.push_back(std::move(f));
@@ -439,10 +457,9 @@ void RolloutRole::EpisodeWorker(envs::EpisodeDriver* driver) {
     {
       MutexLock l(episode_mu_);
       // Bounded wait; the loop re-checks (stop requests also notify).
-      episode_cv_.wait_until(l, Clock::now() + std::chrono::milliseconds(200),
-                             [&]() TROUPE_REQUIRES(episode_mu_) {
-                               return episode_stop_ || !episode_queue_.empty();
-                             });
+      episode_cv_.wait_until(
+          l, Clock::now() + std::chrono::milliseconds(200),
+          [&]() TROUPE_REQUIRES(episode_mu_) { return episode_stop_ || !episode_queue_.empty(); });
       if (episode_stop_) return;
       while (!episode_queue_.empty()) {
         take.push_back(std::move(episode_queue_.front()));
@@ -483,21 +500,14 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
     } else {
       const envs::TokenEpisode& e = *o.episode;
       SequenceRecord& sr = f.seqs[k];
-      sr.prompt = e.prompt_tokens();
-      sr.response = e.response_tokens();
-      sr.logprobs = e.logprobs();
-      sr.mask = e.loss_mask();
-      sr.token_versions = o.token_versions;
-      sr.finish = WireFinish(e.episode().end());
+      sr = TokenRecord(e.prompt_tokens(), e.response_tokens(), e.logprobs(), e.loss_mask(),
+                       o.token_versions, WireFinish(e.episode().end()));
       if (e.episode().end() == envs::EpisodeEnd::kAborted) {
         sr.reject_reason = e.episode().abort_reason();
         if (f.failure.empty()) f.failure = "episode aborted: " + sr.reject_reason;
       }
       if (sr.response.empty() && f.failure.empty()) f.failure = "episode produced no tokens";
-      sr.prompt_id = g.prompt.id;
-      sr.task = g.task->name();
-      sr.reference = g.prompt.reference;
-      sr.service = g.prompt.service;
+      DescribeSample(g.prompt, *g.task, &sr);
       sr.prompt_text = e.prompt_text();
       sr.response_text = e.response_text();
       sr.extra = e.episode().SummaryJson();
@@ -538,10 +548,7 @@ void RolloutRole::CollectFinished() {
     }
     if (!meta.task->multi_turn()) {
       for (auto& s : g.seqs) {
-        s.prompt_id = meta.prompt.id;
-        s.task = meta.task->name();
-        s.reference = meta.prompt.reference;
-        s.service = meta.prompt.service;
+        DescribeSample(meta.prompt, *meta.task, &s);
         s.prompt_text = meta.prompt_text;
         s.extra = meta.prompt.metadata;
         std::vector<int32_t> visible;

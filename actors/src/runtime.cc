@@ -8,46 +8,15 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "troupe/core/log.h"
+#include "troupe/core/text.h"
 #include "troupe/transport/message.h"
+#include "troupe/transport/wire_names.h"
 
 namespace troupe::actors {
 
 namespace {
 spdlog::logger& Log() {
   return log::Get("actors");
-}
-
-const char* RoleOf(wire::Role r) {
-  switch (r) {
-    case wire::Role::LEARNER:
-      return "learner";
-    case wire::Role::ROLLOUT:
-      return "rollout";
-    case wire::Role::REWARD:
-      return "reward";
-    case wire::Role::ECHO:
-      return "echo";
-    case wire::Role::HEAD:
-      return "head";
-    case wire::Role::CLI:
-      return "cli";
-    default:
-      return "unknown";
-  }
-}
-
-wire::Role WireRoleOf(const std::string& r) {
-  if (r == "learner") return wire::Role::LEARNER;
-  if (r == "rollout") return wire::Role::ROLLOUT;
-  if (r == "reward") return wire::Role::REWARD;
-  if (r == "echo") return wire::Role::ECHO;
-  return wire::Role::UNKNOWN;
-}
-
-std::string HostName() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
 }
 
 int64_t NowMs() {
@@ -176,7 +145,7 @@ Status ActorRuntime::SendRegister() {
   transport::OutMessage m;
   auto r = m.envelope().getBody().initRegister();
   r.setActorId(options_.actor_id);
-  r.setRole(WireRoleOf(options_.role));
+  r.setRole(transport::RoleFromName(options_.role).value_or(wire::Role::UNKNOWN));
   r.setNode(HostName());
   r.setPid(::getpid());
   r.setPolicyVersion(policy_version_.load());
@@ -201,11 +170,9 @@ Status ActorRuntime::Register(Deadline deadline) {
     Status s = SendRegister();
     if (!s.ok()) Log().debug("register send: {}", s.ToString());
     MutexLock l(mu_);
-    bool done =
-        cv_.wait_until(l, std::min(limit.at(), Clock::now() + std::chrono::milliseconds(1000)),
-                       [&]() TROUPE_REQUIRES(mu_) {
-                         return registered_ || !refusal_.empty() || should_exit();
-                       });
+    bool done = cv_.wait_until(
+        l, std::min(limit.at(), Clock::now() + std::chrono::milliseconds(1000)),
+        [&]() TROUPE_REQUIRES(mu_) { return registered_ || !refusal_.empty() || should_exit(); });
     if (registered_) return Status::Ok();
     if (!refusal_.empty()) return Unavailable("the head refused registration: {}", refusal_);
     if (should_exit())
@@ -360,7 +327,7 @@ void ActorRuntime::HandleHeadMessage(const transport::InMessage& m) {
       for (auto a : d.getActors()) {
         PeerInfo p;
         p.id = a.getActorId();
-        p.role = RoleOf(a.getRole());
+        p.role = transport::RoleName(a.getRole());
         p.node = a.getNode();
         p.state = static_cast<int>(a.getState());
         p.policy_version = a.getPolicyVersion();

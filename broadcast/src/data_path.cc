@@ -57,12 +57,6 @@ Result<std::unique_ptr<ReceiverPath>> NewReceiverPath(Backend backend,
 
 // ----------------------------------------------------------------- helpers
 
-std::string HostName() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
-
 std::string RandomHex(size_t bytes) {
   static const char* kDigits = "0123456789abcdef";
   std::random_device rd;

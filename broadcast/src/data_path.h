@@ -36,6 +36,7 @@
 #include "troupe/broadcast/types.h"
 #include "troupe/core/deadline.h"
 #include "troupe/core/status.h"
+#include "troupe/core/text.h"
 #include "troupe/transport/socket.h"
 
 namespace troupe::broadcast {
@@ -147,7 +148,6 @@ Result<std::unique_ptr<ReceiverPath>> NewReceiverPath(Backend backend,
                                                       const ReceiverContext& context);
 
 // Small helpers shared by the sender, the receiver and the paths.
-std::string HostName();
 // `bytes` random bytes as lowercase hex (std::random_device).
 std::string RandomHex(size_t bytes);
 // A socket identity for `actor_id` that no other process can guess: "<actor_id>/<32 hex>".

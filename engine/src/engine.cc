@@ -168,6 +168,28 @@ class Engine::Loop {
   uint64_t step_version = 0;
   // Counters since the last flush into Engine::stats_.
   EngineStats delta;
+
+  // Newly admitted prompt rows: one per (request, admission) with the slots of its samples.
+  struct Chunk {
+    std::shared_ptr<Work> work;
+    std::vector<int32_t> slots;
+    int32_t len;
+  };
+
+  // One iteration of the engine thread (between two waits for work).
+  void Step();
+  void CompleteOne(Work& w);
+  void EndUnadmitted(Work& w, FinishReason reason, const std::string& why);
+  void FreeSlot(Seq& s, FinishReason reason, std::string why);
+  void ClearGhosts();
+  void AbortAll(const Status& why, bool include_pending);
+  void TakeToken(Seq& s, const float* logp_row);
+  std::vector<Chunk> Admit();
+  void SharePrefill(const std::vector<Chunk>& chunks);
+  void PackedStep(const std::vector<Chunk>& chunks);
+  void Prefill(const std::vector<Chunk>& chunks);
+  void Decode();
+  void Publish(Engine& e);
 };
 
 namespace {
@@ -455,7 +477,380 @@ void FinishSeqResult(GenerationResult& out, FinishReason reason, std::string why
   out.reject_reason = std::move(why);
 }
 
+// Token i of a request's context: its prompt, then its response prefix.
+int32_t ContextToken(const GenerateRequest& req, size_t i) {
+  return i < req.prompt.size() ? req.prompt[i] : req.response_prefix[i - req.prompt.size()];
+}
+
 }  // namespace
+
+// Marks one sample done; completes its batch when it was the last.
+void Engine::Loop::CompleteOne(Work& w) {
+  Batch& b = *w.batch;
+  TROUPE_CHECK_GT(b.remaining, 0u);
+  if (--b.remaining == 0) completed.push_back(w.batch);
+}
+
+// Ends every not-yet-admitted sample of `w` with `reason`.
+void Engine::Loop::EndUnadmitted(Work& w, FinishReason reason, const std::string& why) {
+  const int32_t n = std::max<int32_t>(1, w.req.sampling.num_samples);
+  for (int32_t s = w.admitted; s < n; ++s) {
+    GenerationResult& out = w.batch->results[w.offset + static_cast<size_t>(s)];
+    out.tag = w.req.tag;
+    out.sample_index = s;
+    out.prompt_ids = w.req.prompt;
+    FinishSeqResult(out, reason, why);
+    CompleteOne(w);
+  }
+  w.admitted = n;
+}
+
+// Ends a running sample with `reason` and frees its slot (kStaticPadded: it stays a ghost).
+void Engine::Loop::FreeSlot(Seq& s, FinishReason reason, std::string why) {
+  FinishSeqResult(*s.out, reason, std::move(why));
+  if (reason == FinishReason::kStop || reason == FinishReason::kLength) ++delta.sequences;
+  std::shared_ptr<Work> w = std::move(s.work);  // outlives s
+  --active;
+  if (config.batching == Batching::kStaticPadded && reason != FinishReason::kAborted) {
+    s.ghost = true;  // keeps its slot and its compute until the wave ends
+    s.out = nullptr;
+    ++ghosts;
+  } else {
+    slots[static_cast<size_t>(s.slot)].reset();  // destroys s
+  }
+  CompleteOne(*w);
+}
+
+// Frees the slots of finished samples kept computing until the end of a wave.
+void Engine::Loop::ClearGhosts() {
+  for (auto& slot : slots)
+    if (slot && slot->ghost) slot.reset();
+  ghosts = 0;
+}
+
+// Aborts everything (engine stopping or a failed step).
+void Engine::Loop::AbortAll(const Status& why, bool include_pending) {
+  ClearGhosts();
+  for (auto& slot : slots)
+    if (slot) {
+      if (slot->work->batch->abort_status.ok()) slot->work->batch->abort_status = why;
+      FreeSlot(*slot, FinishReason::kAborted, why.message());
+    }
+  if (include_pending) {
+    for (auto& w : pending) {
+      if (w->batch->abort_status.ok()) w->batch->abort_status = why;
+      EndUnadmitted(*w, FinishReason::kAborted, why.message());
+    }
+    pending.clear();
+  }
+}
+
+// Records one sampled token and decides whether the sequence ends.
+void Engine::Loop::TakeToken(Seq& s, const float* logp_row) {
+  const SamplingParams& sp = s.work->req.sampling;
+  const int32_t tok = SampleRow(logp_row, config.model.vocab_size, sp, s.rng, scratch);
+  const float lp = logp_row[tok];
+  GenerationResult& out = *s.out;
+  out.response_ids.push_back(tok);
+  out.logprobs.push_back(lp);
+  out.mask.push_back(1);
+  out.token_versions.push_back(step_version);
+  ++out.num_new_tokens;
+  ++s.new_tokens;
+  ++delta.generated_tokens;
+  if (!std::isfinite(lp)) {
+    FreeSlot(s, FinishReason::kAborted,
+             fmt::format("non-finite log-prob {} for sampled token {} (broken weights?)", lp, tok));
+    return;
+  }
+  const auto& stops = sp.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+    FreeSlot(s, FinishReason::kStop, {});
+    return;
+  }
+  const int32_t total = s.pos + 1;  // context + new tokens so far
+  if (s.new_tokens >= sp.max_new_tokens || total >= config.CacheLen()) {
+    FreeSlot(s, FinishReason::kLength, {});
+    return;
+  }
+  s.next_token = tok;
+  s.started = true;
+}
+
+// Admits pending requests into free slots (lowest first), within the prefill budget.
+std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
+  std::vector<Chunk> chunks;
+  if (config.batching != Batching::kContinuous) {
+    if (active > 0) return chunks;  // the wave is still running
+    ClearGhosts();
+  }
+  int64_t budget_rows = 0;  // rows x padded length (generic path) or total tokens (packed)
+  int32_t max_len = 0;
+  int32_t next_free = 0;
+  auto find_free = [&]() {
+    while (next_free < config.num_slots && slots[static_cast<size_t>(next_free)]) ++next_free;
+    return next_free < config.num_slots ? next_free : -1;
+  };
+  while (!pending.empty() && find_free() >= 0) {
+    std::shared_ptr<Work> w = pending.front();
+    const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
+    if (w->batch->cancelled) {
+      if (w->batch->abort_status.ok())
+        w->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+      EndUnadmitted(*w, FinishReason::kAborted, "cancelled");
+      pending.pop_front();
+      continue;
+    }
+    if (!w->checked) {
+      w->checked = true;
+      std::string why = CheckRequest(w->req, config);
+      if (!why.empty()) {
+        ++delta.rejected;
+        EndUnadmitted(*w, FinishReason::kRejected, why);
+        pending.pop_front();
+        continue;
+      }
+    }
+    const int32_t len = static_cast<int32_t>(w->req.prompt.size() + w->req.response_prefix.size());
+    const int64_t cost = packed ? budget_rows + len
+                                : static_cast<int64_t>(chunks.size() + 1) * std::max(max_len, len);
+    if (!chunks.empty() && cost > config.max_prefill_tokens) break;
+    Chunk chunk{w, {}, len};
+    int32_t slot;
+    while (w->admitted < n && (slot = find_free()) >= 0) {
+      chunk.slots.push_back(slot);
+      auto seq = std::make_unique<Seq>();
+      seq->work = w;
+      seq->slot = slot;
+      seq->pos = len;
+      seq->temperature = static_cast<float>(EffectiveTemperature(w->req.sampling.temperature));
+      seq->rng = Rng(w->req.sampling.seed, static_cast<uint64_t>(w->admitted));
+      GenerationResult& out = w->batch->results[w->offset + static_cast<size_t>(w->admitted)];
+      out.tag = w->req.tag;
+      out.sample_index = w->admitted;
+      out.prompt_ids = w->req.prompt;
+      out.response_ids = w->req.response_prefix;
+      const size_t np = w->req.response_prefix.size();
+      out.mask = w->req.response_prefix_mask;
+      out.mask.resize(np, 0);
+      out.logprobs = w->req.response_prefix_logprobs;
+      out.logprobs.resize(np, 0.f);
+      out.token_versions = w->req.response_prefix_versions;
+      out.token_versions.resize(np, 0);
+      out.policy_version = step_version;
+      seq->out = &out;
+      slots[static_cast<size_t>(slot)] = std::move(seq);
+      ++active;
+      ++w->admitted;
+    }
+    budget_rows = cost;
+    max_len = std::max(max_len, len);
+    delta.prefill_tokens += static_cast<uint64_t>(len);
+    chunks.push_back(std::move(chunk));
+    if (w->admitted == n) pending.pop_front();
+  }
+  return chunks;
+}
+
+// Group sampling: copy each chunk's prompt keys/values to the slots of its other samples.
+void Engine::Loop::SharePrefill(const std::vector<Chunk>& chunks) {
+  std::vector<int64_t> src, dst;
+  int32_t len = 0;
+  for (const Chunk& c : chunks)
+    for (size_t j = 1; j < c.slots.size(); ++j) {
+      src.push_back(c.slots[0]);
+      dst.push_back(c.slots[j]);
+      len = std::max(len, c.len);
+    }
+  if (!src.empty()) cache.CopySlots(at::tensor(src).to(device), at::tensor(dst).to(device), len);
+}
+
+// CPU: one packed forward for every running sequence's next token and every new prompt.
+void Engine::Loop::PackedStep(const std::vector<Chunk>& chunks) {
+  std::vector<Seq*> running;
+  for (auto& slot : slots)
+    if (slot && slot->started && (!slot->ghost || slot->pos < config.CacheLen()))
+      running.push_back(slot.get());
+  int64_t n = static_cast<int64_t>(running.size());
+  for (const Chunk& c : chunks) n += c.len;
+  if (n == 0) return;
+  const int64_t m = static_cast<int64_t>(running.size() + chunks.size());
+  at::Tensor toks = at::empty({n}, at::kLong), slot_ids = at::empty({n}, at::kLong);
+  at::Tensor pos = at::empty({n}, at::kLong), rows = at::empty({m}, at::kLong);
+  at::Tensor row_temps = at::empty({m, 1}, at::kFloat);
+  int64_t *tp = toks.data_ptr<int64_t>(), *sp = slot_ids.data_ptr<int64_t>();
+  int64_t *pp = pos.data_ptr<int64_t>(), *rp = rows.data_ptr<int64_t>();
+  float* temp_p = row_temps.data_ptr<float>();
+  int64_t r = 0, k = 0;
+  for (Seq* s : running) {
+    tp[r] = s->ghost ? 0 : s->next_token;
+    sp[r] = s->slot;
+    pp[r] = s->pos;
+    temp_p[k] = s->temperature;
+    rp[k++] = r++;
+  }
+  for (const Chunk& c : chunks) {
+    for (int32_t i = 0; i < c.len; ++i) {
+      tp[r] = ContextToken(c.work->req, static_cast<size_t>(i));
+      sp[r] = c.slots[0];
+      pp[r++] = i;
+    }
+    temp_p[k] = static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
+    rp[k++] = r - 1;
+  }
+  at::Tensor logits = model.Step(toks, slot_ids, pos, rows, cache);
+  SharePrefill(chunks);
+  at::Tensor logp = ScaledLogSoftmax(logits, row_temps).contiguous();
+  if (!running.empty()) ++delta.decode_steps;
+  if (!chunks.empty()) ++delta.prefill_steps;
+  const int64_t V = config.model.vocab_size;
+  const float* lp = logp.data_ptr<float>();
+  k = 0;
+  for (Seq* s : running) {
+    ++s->pos;  // next_token is now in the cache at its position
+    if (s->ghost) {
+      ++k;
+      continue;
+    }
+    TakeToken(*s, lp + (k++) * V);
+  }
+  for (const Chunk& c : chunks) {
+    for (int32_t slot : c.slots) TakeToken(*slots[static_cast<size_t>(slot)], lp + k * V);
+    ++k;
+  }
+}
+
+// Any device: a padded batched prefill of the new prompts, then one decode step.
+void Engine::Loop::Prefill(const std::vector<Chunk>& chunks) {
+  if (chunks.empty()) return;
+  const int64_t P = static_cast<int64_t>(chunks.size());
+  int32_t max_len = 0;
+  for (const Chunk& c : chunks) max_len = std::max(max_len, c.len);
+  at::Tensor ids = at::zeros({P, max_len}, at::kLong);
+  at::Tensor lengths = at::empty({P}, at::kLong);
+  at::Tensor first_slots = at::empty({P}, at::kLong);
+  at::Tensor row_temps = at::empty({P, 1}, at::kFloat);
+  int64_t* idp = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < P; ++r) {
+    const Chunk& c = chunks[static_cast<size_t>(r)];
+    for (int32_t i = 0; i < c.len; ++i)
+      idp[r * max_len + i] = ContextToken(c.work->req, static_cast<size_t>(i));
+    lengths.data_ptr<int64_t>()[r] = c.len;
+    first_slots.data_ptr<int64_t>()[r] = c.slots[0];
+    row_temps.data_ptr<float>()[r] =
+        static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
+  }
+  at::Tensor logits =
+      model.Prefill(ids.to(device), lengths.to(device), first_slots.to(device), cache);
+  SharePrefill(chunks);
+  at::Tensor logp = ScaledLogSoftmax(logits, row_temps.to(device)).to(at::kCPU).contiguous();
+  ++delta.prefill_steps;
+  const int64_t V = config.model.vocab_size;
+  const float* lp = logp.data_ptr<float>();
+  for (int64_t r = 0; r < P; ++r)
+    for (int32_t slot : chunks[static_cast<size_t>(r)].slots)
+      TakeToken(*slots[static_cast<size_t>(slot)], lp + r * V);
+}
+
+// Any device: one decode step over slots [0, highest running slot].
+void Engine::Loop::Decode() {
+  int32_t n = 0;
+  int32_t attn_len = 1;
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  int64_t* pp = positions.data_ptr<int64_t>();
+  float* temp_p = temps.data_ptr<float>();
+  for (int32_t i = 0; i < config.num_slots; ++i) {
+    const Seq* s = slots[static_cast<size_t>(i)].get();
+    if (s == nullptr || !s->started || (s->ghost && s->pos >= config.CacheLen())) {
+      tp[i] = 0;
+      pp[i] = 0;
+      temp_p[i] = 1.f;
+      continue;
+    }
+    n = i + 1;
+    tp[i] = s->ghost ? 0 : s->next_token;
+    pp[i] = s->pos;
+    temp_p[i] = s->temperature;
+    attn_len = std::max(attn_len, s->pos + 1);
+  }
+  if (n == 0) return;
+  at::Tensor toks = tokens.narrow(0, 0, n).to(device);
+  at::Tensor pos = positions.narrow(0, 0, n).to(device);
+  at::Tensor logits = model.Decode(toks, pos, attn_len, cache, /*fused_cpu=*/false);
+  at::Tensor logp = ScaledLogSoftmax(logits, temps.narrow(0, 0, n).to(device));
+  logp = logp.to(at::kCPU).contiguous();
+  ++delta.decode_steps;
+  const int64_t V = config.model.vocab_size;
+  const float* lp = logp.data_ptr<float>();
+  for (int32_t i = 0; i < n; ++i) {
+    Seq* s = slots[static_cast<size_t>(i)].get();
+    if (s == nullptr || !s->started || (s->ghost && s->pos >= config.CacheLen())) continue;
+    ++s->pos;  // next_token is now in the cache at its position
+    if (!s->ghost) TakeToken(*s, lp + static_cast<int64_t>(i) * V);
+  }
+}
+
+// Publishes finished batches: unpins, wakes Generate callers, runs Submit callbacks.
+void Engine::Loop::Publish(Engine& e) {
+  std::vector<std::shared_ptr<Batch>> done;
+  done.swap(completed);
+  {
+    MutexLock l(e.mu_);
+    e.stats_.rejected += delta.rejected;
+    e.stats_.sequences += delta.sequences;
+    e.stats_.generated_tokens += delta.generated_tokens;
+    e.stats_.prefill_tokens += delta.prefill_tokens;
+    e.stats_.prefill_steps += delta.prefill_steps;
+    e.stats_.decode_steps += delta.decode_steps;
+    e.stats_.step_cpu_seconds += delta.step_cpu_seconds;
+    e.stats_.step_wall_seconds += delta.step_wall_seconds;
+    delta = EngineStats();
+    for (auto& b : done) {
+      b->finished = true;
+      if (b->pinned) --e.pins_;
+    }
+  }
+  if (!done.empty()) e.cv_.notify_all();
+  for (auto& b : done) {
+    if (!b->done) continue;
+    try {
+      b->done(std::move(b->results));
+    } catch (const std::exception& e) {
+      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 1000, "generation callback threw: {}",
+                          e.what());
+    }
+  }
+}
+
+// Drops sequences whose Generate() gave up, admits new prompts, and runs one forward: packed on
+// the CPU fused path, else a padded prefill of the new prompts then one decode step.
+void Engine::Loop::Step() {
+  for (auto& slot : slots)
+    if (slot && !slot->ghost && slot->work->batch->cancelled) {
+      if (slot->work->batch->abort_status.ok())
+        slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+      FreeSlot(*slot, FinishReason::kAborted, "cancelled");
+    }
+  const auto wall0 = std::chrono::steady_clock::now();
+  const double cpu0 = ThreadCpuSeconds();
+  try {
+    EvalModeGuard eval(model);
+    std::vector<Chunk> chunks = Admit();
+    if (packed) {
+      PackedStep(chunks);
+    } else {
+      Prefill(chunks);
+      if (active > 0) Decode();
+    }
+  } catch (const std::exception& e) {
+    Status why = Internal("generation step failed: {}", std::string(e.what()).substr(0, 500));
+    Log().error("{}", why.message());
+    AbortAll(why, /*include_pending=*/false);
+  }
+  delta.step_cpu_seconds += ThreadCpuSeconds() - cpu0;
+  delta.step_wall_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+}
 
 void Engine::ThreadMain() {
   c10::InferenceMode inference_mode;
@@ -464,352 +859,6 @@ void Engine::ThreadMain() {
     SetBlasThreads(config_.intra_op_threads);
   }
   Loop& L = *loop_;
-
-  // Marks one sample done; completes its batch when it was the last.
-  auto complete_one = [&](Work& w) {
-    Batch& b = *w.batch;
-    TROUPE_CHECK_GT(b.remaining, 0u);
-    if (--b.remaining == 0) L.completed.push_back(w.batch);
-  };
-  // Ends every not-yet-admitted sample of `w` with `reason`.
-  auto end_unadmitted = [&](Work& w, FinishReason reason, const std::string& why) {
-    const int32_t n = std::max<int32_t>(1, w.req.sampling.num_samples);
-    for (int32_t s = w.admitted; s < n; ++s) {
-      GenerationResult& out = w.batch->results[w.offset + static_cast<size_t>(s)];
-      out.tag = w.req.tag;
-      out.sample_index = s;
-      out.prompt_ids = w.req.prompt;
-      FinishSeqResult(out, reason, why);
-      complete_one(w);
-    }
-    w.admitted = n;
-  };
-  auto free_slot = [&](Seq& s, FinishReason reason, std::string why) {
-    FinishSeqResult(*s.out, reason, std::move(why));
-    if (reason == FinishReason::kStop || reason == FinishReason::kLength) ++L.delta.sequences;
-    std::shared_ptr<Work> w = std::move(s.work);  // outlives s
-    --L.active;
-    if (config_.batching == Batching::kStaticPadded && reason != FinishReason::kAborted) {
-      s.ghost = true;  // keeps its slot and its compute until the wave ends
-      s.out = nullptr;
-      ++L.ghosts;
-    } else {
-      L.slots[static_cast<size_t>(s.slot)].reset();  // destroys s
-    }
-    complete_one(*w);
-  };
-  auto clear_ghosts = [&]() {
-    for (auto& slot : L.slots)
-      if (slot && slot->ghost) slot.reset();
-    L.ghosts = 0;
-  };
-  // Aborts everything (engine stopping or a failed step).
-  auto abort_all = [&](const Status& why, bool include_pending) {
-    clear_ghosts();
-    for (auto& slot : L.slots)
-      if (slot) {
-        if (slot->work->batch->abort_status.ok()) slot->work->batch->abort_status = why;
-        free_slot(*slot, FinishReason::kAborted, why.message());
-      }
-    if (include_pending) {
-      for (auto& w : L.pending) {
-        if (w->batch->abort_status.ok()) w->batch->abort_status = why;
-        end_unadmitted(*w, FinishReason::kAborted, why.message());
-      }
-      L.pending.clear();
-    }
-  };
-  // Records one sampled token and decides whether the sequence ends.
-  auto take_token = [&](Seq& s, const float* logp_row) {
-    const SamplingParams& sp = s.work->req.sampling;
-    const int32_t tok = SampleRow(logp_row, config_.model.vocab_size, sp, s.rng, L.scratch);
-    const float lp = logp_row[tok];
-    GenerationResult& out = *s.out;
-    out.response_ids.push_back(tok);
-    out.logprobs.push_back(lp);
-    out.mask.push_back(1);
-    out.token_versions.push_back(L.step_version);
-    ++out.num_new_tokens;
-    ++s.new_tokens;
-    ++L.delta.generated_tokens;
-    if (!std::isfinite(lp)) {
-      free_slot(
-          s, FinishReason::kAborted,
-          fmt::format("non-finite log-prob {} for sampled token {} (broken weights?)", lp, tok));
-      return;
-    }
-    const auto& stops = sp.stop_token_ids;
-    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-      free_slot(s, FinishReason::kStop, {});
-      return;
-    }
-    const int32_t total = s.pos + 1;  // context + new tokens so far
-    if (s.new_tokens >= sp.max_new_tokens || total >= config_.CacheLen()) {
-      free_slot(s, FinishReason::kLength, {});
-      return;
-    }
-    s.next_token = tok;
-    s.started = true;
-  };
-
-  // Newly admitted prompt rows: one per (request, admission) with the slots of its samples.
-  struct Chunk {
-    std::shared_ptr<Work> work;
-    std::vector<int32_t> slots;
-    int32_t len;
-  };
-  auto context_token = [](const GenerateRequest& req, size_t i) {
-    return i < req.prompt.size() ? req.prompt[i] : req.response_prefix[i - req.prompt.size()];
-  };
-
-  // Admits pending requests into free slots (lowest first), within the prefill budget.
-  auto admit = [&]() {
-    std::vector<Chunk> chunks;
-    if (config_.batching != Batching::kContinuous) {
-      if (L.active > 0) return chunks;  // the wave is still running
-      clear_ghosts();
-    }
-    int64_t budget_rows = 0;  // rows x padded length (generic path) or total tokens (packed)
-    int32_t max_len = 0;
-    int32_t next_free = 0;
-    auto find_free = [&]() {
-      while (next_free < config_.num_slots && L.slots[static_cast<size_t>(next_free)]) ++next_free;
-      return next_free < config_.num_slots ? next_free : -1;
-    };
-    while (!L.pending.empty() && find_free() >= 0) {
-      std::shared_ptr<Work> w = L.pending.front();
-      const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
-      if (w->batch->cancelled) {
-        if (w->batch->abort_status.ok())
-          w->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
-        end_unadmitted(*w, FinishReason::kAborted, "cancelled");
-        L.pending.pop_front();
-        continue;
-      }
-      if (!w->checked) {
-        w->checked = true;
-        std::string why = CheckRequest(w->req, config_);
-        if (!why.empty()) {
-          ++L.delta.rejected;
-          end_unadmitted(*w, FinishReason::kRejected, why);
-          L.pending.pop_front();
-          continue;
-        }
-      }
-      const int32_t len =
-          static_cast<int32_t>(w->req.prompt.size() + w->req.response_prefix.size());
-      const int64_t cost = L.packed
-                               ? budget_rows + len
-                               : static_cast<int64_t>(chunks.size() + 1) * std::max(max_len, len);
-      if (!chunks.empty() && cost > config_.max_prefill_tokens) break;
-      Chunk chunk{w, {}, len};
-      int32_t slot;
-      while (w->admitted < n && (slot = find_free()) >= 0) {
-        chunk.slots.push_back(slot);
-        auto seq = std::make_unique<Seq>();
-        seq->work = w;
-        seq->slot = slot;
-        seq->pos = len;
-        seq->temperature = static_cast<float>(EffectiveTemperature(w->req.sampling.temperature));
-        seq->rng = Rng(w->req.sampling.seed, static_cast<uint64_t>(w->admitted));
-        GenerationResult& out = w->batch->results[w->offset + static_cast<size_t>(w->admitted)];
-        out.tag = w->req.tag;
-        out.sample_index = w->admitted;
-        out.prompt_ids = w->req.prompt;
-        out.response_ids = w->req.response_prefix;
-        const size_t np = w->req.response_prefix.size();
-        out.mask = w->req.response_prefix_mask;
-        out.mask.resize(np, 0);
-        out.logprobs = w->req.response_prefix_logprobs;
-        out.logprobs.resize(np, 0.f);
-        out.token_versions = w->req.response_prefix_versions;
-        out.token_versions.resize(np, 0);
-        out.policy_version = L.step_version;
-        seq->out = &out;
-        L.slots[static_cast<size_t>(slot)] = std::move(seq);
-        ++L.active;
-        ++w->admitted;
-      }
-      budget_rows = cost;
-      max_len = std::max(max_len, len);
-      L.delta.prefill_tokens += static_cast<uint64_t>(len);
-      chunks.push_back(std::move(chunk));
-      if (w->admitted == n) L.pending.pop_front();
-    }
-    return chunks;
-  };
-
-  // Group sampling: copy each chunk's prompt keys/values to the slots of its other samples.
-  auto share_prefill = [&](const std::vector<Chunk>& chunks) {
-    std::vector<int64_t> src, dst;
-    int32_t len = 0;
-    for (const Chunk& c : chunks)
-      for (size_t j = 1; j < c.slots.size(); ++j) {
-        src.push_back(c.slots[0]);
-        dst.push_back(c.slots[j]);
-        len = std::max(len, c.len);
-      }
-    if (!src.empty())
-      L.cache.CopySlots(at::tensor(src).to(L.device), at::tensor(dst).to(L.device), len);
-  };
-
-  // CPU: one packed forward for every running sequence's next token and every new prompt.
-  auto packed_step = [&](const std::vector<Chunk>& chunks) {
-    std::vector<Seq*> running;
-    for (auto& slot : L.slots)
-      if (slot && slot->started && (!slot->ghost || slot->pos < config_.CacheLen()))
-        running.push_back(slot.get());
-    int64_t n = static_cast<int64_t>(running.size());
-    for (const Chunk& c : chunks) n += c.len;
-    if (n == 0) return;
-    const int64_t m = static_cast<int64_t>(running.size() + chunks.size());
-    at::Tensor toks = at::empty({n}, at::kLong), slots = at::empty({n}, at::kLong);
-    at::Tensor pos = at::empty({n}, at::kLong), rows = at::empty({m}, at::kLong);
-    at::Tensor temps = at::empty({m, 1}, at::kFloat);
-    int64_t *tp = toks.data_ptr<int64_t>(), *sp = slots.data_ptr<int64_t>();
-    int64_t *pp = pos.data_ptr<int64_t>(), *rp = rows.data_ptr<int64_t>();
-    float* temp_p = temps.data_ptr<float>();
-    int64_t r = 0, k = 0;
-    for (Seq* s : running) {
-      tp[r] = s->ghost ? 0 : s->next_token;
-      sp[r] = s->slot;
-      pp[r] = s->pos;
-      temp_p[k] = s->temperature;
-      rp[k++] = r++;
-    }
-    for (const Chunk& c : chunks) {
-      for (int32_t i = 0; i < c.len; ++i) {
-        tp[r] = context_token(c.work->req, static_cast<size_t>(i));
-        sp[r] = c.slots[0];
-        pp[r++] = i;
-      }
-      temp_p[k] = static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
-      rp[k++] = r - 1;
-    }
-    at::Tensor logits = model_->Step(toks, slots, pos, rows, L.cache);
-    share_prefill(chunks);
-    at::Tensor logp = ScaledLogSoftmax(logits, temps).contiguous();
-    if (!running.empty()) ++L.delta.decode_steps;
-    if (!chunks.empty()) ++L.delta.prefill_steps;
-    const int64_t V = config_.model.vocab_size;
-    const float* lp = logp.data_ptr<float>();
-    k = 0;
-    for (Seq* s : running) {
-      ++s->pos;  // next_token is now in the cache at its position
-      if (s->ghost) {
-        ++k;
-        continue;
-      }
-      take_token(*s, lp + (k++) * V);
-    }
-    for (const Chunk& c : chunks) {
-      for (int32_t slot : c.slots) take_token(*L.slots[static_cast<size_t>(slot)], lp + k * V);
-      ++k;
-    }
-  };
-
-  // Any device: a padded batched prefill of the new prompts, then one decode step.
-  auto prefill = [&](const std::vector<Chunk>& chunks) {
-    if (chunks.empty()) return;
-    const int64_t P = static_cast<int64_t>(chunks.size());
-    int32_t max_len = 0;
-    for (const Chunk& c : chunks) max_len = std::max(max_len, c.len);
-    at::Tensor ids = at::zeros({P, max_len}, at::kLong);
-    at::Tensor lengths = at::empty({P}, at::kLong);
-    at::Tensor first_slots = at::empty({P}, at::kLong);
-    at::Tensor temps = at::empty({P, 1}, at::kFloat);
-    int64_t* idp = ids.data_ptr<int64_t>();
-    for (int64_t r = 0; r < P; ++r) {
-      const Chunk& c = chunks[static_cast<size_t>(r)];
-      for (int32_t i = 0; i < c.len; ++i)
-        idp[r * max_len + i] = context_token(c.work->req, static_cast<size_t>(i));
-      lengths.data_ptr<int64_t>()[r] = c.len;
-      first_slots.data_ptr<int64_t>()[r] = c.slots[0];
-      temps.data_ptr<float>()[r] =
-          static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
-    }
-    at::Tensor logits =
-        model_->Prefill(ids.to(L.device), lengths.to(L.device), first_slots.to(L.device), L.cache);
-    share_prefill(chunks);
-    at::Tensor logp = ScaledLogSoftmax(logits, temps.to(L.device)).to(at::kCPU).contiguous();
-    ++L.delta.prefill_steps;
-    const int64_t V = config_.model.vocab_size;
-    const float* lp = logp.data_ptr<float>();
-    for (int64_t r = 0; r < P; ++r)
-      for (int32_t slot : chunks[static_cast<size_t>(r)].slots)
-        take_token(*L.slots[static_cast<size_t>(slot)], lp + r * V);
-  };
-
-  // Any device: one decode step over slots [0, highest running slot].
-  auto decode = [&]() {
-    int32_t n = 0;
-    int32_t attn_len = 1;
-    int64_t* tp = L.tokens.data_ptr<int64_t>();
-    int64_t* pp = L.positions.data_ptr<int64_t>();
-    float* temp_p = L.temps.data_ptr<float>();
-    for (int32_t i = 0; i < config_.num_slots; ++i) {
-      const Seq* s = L.slots[static_cast<size_t>(i)].get();
-      if (s == nullptr || !s->started || (s->ghost && s->pos >= config_.CacheLen())) {
-        tp[i] = 0;
-        pp[i] = 0;
-        temp_p[i] = 1.f;
-        continue;
-      }
-      n = i + 1;
-      tp[i] = s->ghost ? 0 : s->next_token;
-      pp[i] = s->pos;
-      temp_p[i] = s->temperature;
-      attn_len = std::max(attn_len, s->pos + 1);
-    }
-    if (n == 0) return;
-    at::Tensor toks = L.tokens.narrow(0, 0, n).to(L.device);
-    at::Tensor pos = L.positions.narrow(0, 0, n).to(L.device);
-    at::Tensor logits = model_->Decode(toks, pos, attn_len, L.cache, /*fused_cpu=*/false);
-    at::Tensor logp = ScaledLogSoftmax(logits, L.temps.narrow(0, 0, n).to(L.device));
-    logp = logp.to(at::kCPU).contiguous();
-    ++L.delta.decode_steps;
-    const int64_t V = config_.model.vocab_size;
-    const float* lp = logp.data_ptr<float>();
-    for (int32_t i = 0; i < n; ++i) {
-      Seq* s = L.slots[static_cast<size_t>(i)].get();
-      if (s == nullptr || !s->started || (s->ghost && s->pos >= config_.CacheLen())) continue;
-      ++s->pos;  // next_token is now in the cache at its position
-      if (!s->ghost) take_token(*s, lp + static_cast<int64_t>(i) * V);
-    }
-  };
-
-  // Publishes finished batches: unpins, wakes Generate callers, runs Submit callbacks.
-  auto publish = [&]() {
-    std::vector<std::shared_ptr<Batch>> done;
-    done.swap(L.completed);
-    {
-      MutexLock l(mu_);
-      stats_.rejected += L.delta.rejected;
-      stats_.sequences += L.delta.sequences;
-      stats_.generated_tokens += L.delta.generated_tokens;
-      stats_.prefill_tokens += L.delta.prefill_tokens;
-      stats_.prefill_steps += L.delta.prefill_steps;
-      stats_.decode_steps += L.delta.decode_steps;
-      stats_.step_cpu_seconds += L.delta.step_cpu_seconds;
-      stats_.step_wall_seconds += L.delta.step_wall_seconds;
-      L.delta = EngineStats();
-      for (auto& b : done) {
-        b->finished = true;
-        if (b->pinned) --pins_;
-      }
-    }
-    if (!done.empty()) cv_.notify_all();
-    for (auto& b : done) {
-      if (!b->done) continue;
-      try {
-        b->done(std::move(b->results));
-      } catch (const std::exception& e) {
-        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 1000, "generation callback threw: {}",
-                            e.what());
-      }
-    }
-  };
-
   for (;;) {
     bool stopping;
     {
@@ -832,42 +881,17 @@ void Engine::ThreadMain() {
       L.step_version = version_;
     }
     if (stopping) {
-      abort_all(Unavailable("engine stopped"), /*include_pending=*/true);
-      publish();
+      L.AbortAll(Unavailable("engine stopped"), /*include_pending=*/true);
+      L.Publish(*this);
       return;
     }
-    // Drop sequences whose Generate() gave up.
-    for (auto& slot : L.slots)
-      if (slot && !slot->ghost && slot->work->batch->cancelled) {
-        if (slot->work->batch->abort_status.ok())
-          slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
-        free_slot(*slot, FinishReason::kAborted, "cancelled");
-      }
-    const auto wall0 = std::chrono::steady_clock::now();
-    const double cpu0 = ThreadCpuSeconds();
-    try {
-      EvalModeGuard eval(*model_);
-      std::vector<Chunk> chunks = admit();
-      if (L.packed) {
-        packed_step(chunks);
-      } else {
-        prefill(chunks);
-        if (L.active > 0) decode();
-      }
-    } catch (const std::exception& e) {
-      Status why = Internal("generation step failed: {}", std::string(e.what()).substr(0, 500));
-      Log().error("{}", why.message());
-      abort_all(why, /*include_pending=*/false);
-    }
-    L.delta.step_cpu_seconds += ThreadCpuSeconds() - cpu0;
-    L.delta.step_wall_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    L.Step();
     {
       MutexLock l(mu_);
       step_running_ = false;
     }
     cv_.notify_all();
-    publish();
+    L.Publish(*this);
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "rng.h"
 #include "troupe/core/log.h"
+#include "troupe/core/text.h"
 #include "troupe/envs/tool_call.h"
 
 namespace troupe::envs {
@@ -44,16 +45,6 @@ size_t WriteBody(char* data, size_t size, size_t n, void* user) {
   }
   sink->out->append(data, bytes);
   return bytes;
-}
-
-std::string Printable(std::string_view s, size_t max = 80) {
-  std::string out;
-  for (char c : s.substr(0, max)) {
-    auto u = static_cast<unsigned char>(c);
-    out += (u >= 0x20 && u < 0x7f) ? c : '?';
-  }
-  if (s.size() > max) out += "...";
-  return out;
 }
 
 Attempt ParseBody(const std::string& body) {
@@ -153,8 +144,7 @@ struct RewardClient::Impl {
       b.probing = true;
       return Admit::kProbe;
     }
-    *wait_ms = std::max<int64_t>(
-        0, std::chrono::duration_cast<Millis>(b.retry_at - now).count());
+    *wait_ms = std::max<int64_t>(0, std::chrono::duration_cast<Millis>(b.retry_at - now).count());
     return Admit::kFailFast;
   }
   // The outcome of a sample that was sent; returns true when this opened the breaker.
@@ -229,9 +219,10 @@ Attempt PostOnce(CURL* h, curl_slist* headers, const RewardServiceConfig& svc,
       // Say which limit ended it: the attempt's own, or what was left of the
       // sample's time (call_timeout_ms, or the caller's deadline).
       a.reason = timeout_ms < svc.timeout_ms
-                     ? fmt::format("no answer within {} ms (the attempt limit timeout_ms {} was "
-                                   "cut to the time left for this sample)",
-                                   timeout_ms, svc.timeout_ms)
+                     ? fmt::format(
+                           "no answer within {} ms (the attempt limit timeout_ms {} was "
+                           "cut to the time left for this sample)",
+                           timeout_ms, svc.timeout_ms)
                      : fmt::format("no answer within timeout_ms {} ms", timeout_ms);
     } else if (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
                rc == CURLE_COULDNT_RESOLVE_PROXY) {
@@ -397,8 +388,8 @@ VerifyResult RewardClient::Verify(const RewardRequest& request, Deadline deadlin
   TROUPE_LOG_EVERY_MS(log::Get("envs"), spdlog::level::warn, 5000,
                       "reward service '{}' failed: {} (after {} attempt(s))", svc.name, last.reason,
                       attempt);
-  return failed(fmt::format("reward service '{}': {} (after {} attempt(s))", svc.name,
-                            last.reason, attempt));
+  return failed(
+      fmt::format("reward service '{}': {} (after {} attempt(s))", svc.name, last.reason, attempt));
 }
 
 std::vector<VerifyResult> RewardClient::VerifyBatch(const std::vector<RewardRequest>& requests,

@@ -1,5 +1,6 @@
 #include "troupe/envs/tool_call.h"
 
+#include "troupe/core/text.h"
 #include "troupe/jinja/template.h"
 
 namespace troupe::envs {
@@ -24,13 +25,7 @@ size_t SkipWs(std::string_view s, size_t i) {
 
 // Printable excerpt of model text for error messages.
 std::string Excerpt(std::string_view s, size_t max = 24) {
-  std::string out;
-  for (char c : s.substr(0, max)) {
-    auto u = static_cast<unsigned char>(c);
-    out += (u >= 0x20 && u < 0x7f) ? c : '?';
-  }
-  if (s.size() > max) out += "...";
-  return out;
+  return Printable(s, max);
 }
 
 // Finds the end (one past the closing brace) of the JSON object starting at
@@ -157,9 +152,11 @@ ParsedTurn ParseJsonCall(std::string_view text, size_t begin, size_t* end) {
   json obj = json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin),
                          text.begin() + static_cast<std::ptrdiff_t>(*stop), nullptr,
                          /*allow_exceptions=*/false);
-  if (obj.is_discarded() || !obj.is_object()) return Malformed("the tool call is not a valid JSON object");
+  if (obj.is_discarded() || !obj.is_object())
+    return Malformed("the tool call is not a valid JSON object");
   auto name = obj.find("name");
-  if (name == obj.end() || !name->is_string()) return Malformed("the tool call has no \"name\" string");
+  if (name == obj.end() || !name->is_string())
+    return Malformed("the tool call has no \"name\" string");
   const std::string& n = name->get_ref<const std::string&>();
   bool printable = !n.empty() && n.size() <= kMaxJsonToolNameBytes;
   for (char c : n) printable = printable && c > 0x20 && c < 0x7f;
@@ -171,14 +168,18 @@ ParsedTurn ParseJsonCall(std::string_view text, size_t begin, size_t* end) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     if (it.key() == "name") continue;
     if (it.key() != "arguments" && it.key() != "parameters")
-      return Malformed(fmt::format("unexpected key \"{}\" in the call to '{}' (expected name, "
-                                   "arguments)",
-                                   Excerpt(it.key()), Excerpt(n)));
-    if (++arg_keys > 1) return Malformed(fmt::format("the call to '{}' has both arguments and parameters", Excerpt(n)));
+      return Malformed(
+          fmt::format("unexpected key \"{}\" in the call to '{}' (expected name, "
+                      "arguments)",
+                      Excerpt(it.key()), Excerpt(n)));
+    if (++arg_keys > 1)
+      return Malformed(
+          fmt::format("the call to '{}' has both arguments and parameters", Excerpt(n)));
     if (it->is_string()) {  // Qwen's template accepts arguments as JSON text
       args = json::parse(it->get_ref<const std::string&>(), nullptr, false);
       if (args.is_discarded() || !args.is_object())
-        return Malformed(fmt::format("arguments of '{}' are a string that is not a JSON object", Excerpt(n)));
+        return Malformed(
+            fmt::format("arguments of '{}' are a string that is not a JSON object", Excerpt(n)));
     } else if (it->is_object()) {
       args = *it;
     } else if (!it->is_null()) {
@@ -212,7 +213,8 @@ ParsedTurn ParseHermesCall(std::string_view text) {
   if (turn.kind != ParsedTurn::Kind::kCall) return turn;
   i = SkipWs(text, end);
   if (text.substr(i, kHermesClose.size()) != kHermesClose)
-    return Malformed(fmt::format("the call to '{}' is missing </tool_call>", Excerpt(turn.call.name)));
+    return Malformed(
+        fmt::format("the call to '{}' is missing </tool_call>", Excerpt(turn.call.name)));
   turn.begin = open;
   turn.end = i + kHermesClose.size();
   return turn;
@@ -250,15 +252,19 @@ std::string TemplateJson(const json& args) {
 
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kTroupe: return "troupe";
-    case ToolCallFormat::kHermes: return "hermes";
-    case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kTroupe:
+      return "troupe";
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlama3Json:
+      return "llama3_json";
   }
   return "troupe";
 }
 
 Result<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
-  for (ToolCallFormat f : {ToolCallFormat::kTroupe, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
+  for (ToolCallFormat f :
+       {ToolCallFormat::kTroupe, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json})
     if (name == ToolCallFormatName(f)) return f;
   return InvalidArgument("tool-call format '{}' is not one of troupe, hermes, llama3_json",
                          Excerpt(name, 40));
@@ -266,7 +272,8 @@ Result<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
 
 std::string ToolCallSyntax(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kTroupe: return "<tool>name {json arguments}</tool>";
+    case ToolCallFormat::kTroupe:
+      return "<tool>name {json arguments}</tool>";
     case ToolCallFormat::kHermes:
       return "<tool_call>{\"name\": name, \"arguments\": {json arguments}}</tool_call>";
     case ToolCallFormat::kLlama3Json:
@@ -277,9 +284,12 @@ std::string ToolCallSyntax(ToolCallFormat format) {
 
 ParsedTurn ParseToolCall(std::string_view text, ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kHermes: return ParseHermesCall(text);
-    case ToolCallFormat::kLlama3Json: return ParseLlama3Call(text);
-    case ToolCallFormat::kTroupe: break;
+    case ToolCallFormat::kHermes:
+      return ParseHermesCall(text);
+    case ToolCallFormat::kLlama3Json:
+      return ParseLlama3Call(text);
+    case ToolCallFormat::kTroupe:
+      break;
   }
   return ParseTroupeCall(text);
 }
@@ -292,7 +302,8 @@ std::string FormatToolCall(std::string_view name, const json& args, ToolCallForm
                          TemplateJson(a));
     case ToolCallFormat::kLlama3Json:
       return fmt::format("{{\"name\": \"{}\", \"parameters\": {}}}", name, TemplateJson(a));
-    case ToolCallFormat::kTroupe: break;
+    case ToolCallFormat::kTroupe:
+      break;
   }
   std::string out(kToolOpen);
   out += name;

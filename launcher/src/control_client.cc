@@ -10,8 +10,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "troupe/core/text.h"
 #include "troupe/launcher/spawner.h"
 #include "troupe/transport/message.h"
+#include "troupe/transport/wire_names.h"
 #include "troupe/transport/zmq_network.h"
 
 namespace troupe::launcher {
@@ -85,10 +87,10 @@ Result<ControlResult> SendControl(const RunDir& run, const std::string& kind, De
   } else if (kind == "stop") {
     c.getCommand().setStop();
   } else if (kind == "scale") {
-    int r = WireRole(role);
-    if (r < 0) return InvalidArgument("unknown role '{}'", role);
+    auto r = transport::RoleFromName(role);
+    if (!r) return InvalidArgument("unknown role '{}'", role);
     auto s = c.getCommand().initScale();
-    s.setRole(static_cast<wire::Role>(r));
+    s.setRole(*r);
     s.setCount(count);
   } else {
     return InvalidArgument("unknown control command '{}'", kind);
@@ -115,7 +117,7 @@ Result<ControlResult> SendControl(const RunDir& run, const std::string& kind, De
     for (auto a : rep.getActors()) {
       ActorStatus s;
       s.id = a.getActorId();
-      s.role = RoleName(static_cast<int>(a.getRole()));
+      s.role = transport::RoleName(a.getRole());
       s.node = a.getNode();
       s.pid = a.getPid();
       static const char* kStates[] = {"starting", "ready",  "busy",   "draining",

@@ -15,6 +15,7 @@
 #include "prometheus.h"
 #include "run_view.h"
 #include "troupe/core/log.h"
+#include "troupe/core/text.h"
 #include "troupe/core/thread_annotations.h"
 #include "troupe/launcher/spawner.h"
 #include "web_assets.h"
@@ -111,7 +112,8 @@ Status ParseDashboardBind(const std::string& text, std::string* bind, uint32_t* 
     if (close == std::string::npos) return InvalidArgument("--dashboard-bind '{}': no ']'", text);
     host = text.substr(1, close - 1);
     if (close + 1 < text.size()) {
-      if (text[close + 1] != ':') return InvalidArgument("--dashboard-bind '{}': expected ':PORT' after ']'", text);
+      if (text[close + 1] != ':')
+        return InvalidArgument("--dashboard-bind '{}': expected ':PORT' after ']'", text);
       port_text = text.substr(close + 2);
     }
   } else if (std::count(text.begin(), text.end(), ':') == 1) {
@@ -151,7 +153,8 @@ class Dashboard::Impl {
     std::string host = o_.bind;
     if (host == "0.0.0.0" || host == "::") host = HostName();
     if (host.find(':') != std::string::npos && host[0] != '[') host = "[" + host + "]";
-    return fmt::format("http://{}:{}/{}", host, port_, o_.token.empty() ? "" : "?token=" + o_.token);
+    return fmt::format("http://{}:{}/{}", host, port_,
+                       o_.token.empty() ? "" : "?token=" + o_.token);
   }
   void Publish(nlohmann::json status) {
     MutexLock l(mu_);
@@ -204,8 +207,8 @@ Status Dashboard::Impl::Start() {
   if (o_.port == 0) {
     port_ = server_.bind_to_any_port(o_.bind);
   } else {
-    port_ = server_.bind_to_port(o_.bind, static_cast<int>(o_.port)) ? static_cast<int>(o_.port)
-                                                                      : -1;
+    port_ =
+        server_.bind_to_port(o_.bind, static_cast<int>(o_.port)) ? static_cast<int>(o_.port) : -1;
   }
   if (port_ <= 0)
     return Unavailable("cannot serve the dashboard on {}:{}: {}", o_.bind, o_.port,
@@ -274,7 +277,9 @@ nlohmann::json Dashboard::Impl::CurrentStatus() {
   }
   if (!file_status_.is_object()) {
     // A run folder from before status.json, or a head that never wrote one.
-    file_status_ = {{"job", run_.name()}, {"run", run_.path}, {"state", "unknown"},
+    file_status_ = {{"job", run_.name()},
+                    {"run", run_.path},
+                    {"state", "unknown"},
                     {"actors", nlohmann::json::array()}};
   }
   return file_status_;
@@ -335,9 +340,8 @@ void Dashboard::Impl::OnSeries(const httplib::Request& req, httplib::Response& r
     return Error(res, 400, err);
   size_t next = 0, total = 0;
   const size_t limit = static_cast<size_t>(std::clamp<int64_t>(max.value_or(5000), 1, 20000));
-  std::string records =
-      metrics_.RecordsFrom(static_cast<size_t>(std::max<int64_t>(0, from.value_or(0))), limit,
-                           &next, &total);
+  std::string records = metrics_.RecordsFrom(
+      static_cast<size_t>(std::max<int64_t>(0, from.value_or(0))), limit, &next, &total);
   res.set_content(fmt::format("{{\"next\":{},\"total\":{},\"records\":{}}}", next, total, records),
                   "application/json");
 }
@@ -363,11 +367,15 @@ void Dashboard::Impl::OnLogs(const httplib::Request& req, httplib::Response& res
   std::string err;
   if (!QueryNumber(req, "offset", &offset, &err) || !QueryNumber(req, "max", &max, &err))
     return Error(res, 400, err);
-  auto chunk = ReadLogChunk(run_.log_file(actor), offset.value_or(-1),
-                            static_cast<size_t>(std::clamp<int64_t>(max.value_or(65536), 1, 1 << 20)));
+  auto chunk =
+      ReadLogChunk(run_.log_file(actor), offset.value_or(-1),
+                   static_cast<size_t>(std::clamp<int64_t>(max.value_or(65536), 1, 1 << 20)));
   if (!chunk.ok()) return Error(res, 404, "no log for actor '" + actor + "'");
-  nlohmann::json j = {{"actor", actor},       {"offset", chunk->offset}, {"next", chunk->next},
-                      {"size", chunk->size}, {"text", std::move(chunk->text)}};
+  nlohmann::json j = {{"actor", actor},
+                      {"offset", chunk->offset},
+                      {"next", chunk->next},
+                      {"size", chunk->size},
+                      {"text", std::move(chunk->text)}};
   // Log lines are the actors' own bytes: invalid UTF-8 is replaced, never a failed answer.
   res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                   "application/json");
@@ -394,8 +402,10 @@ void Dashboard::Impl::OnRollouts(const httplib::Request& req, httplib::Response&
     lines += fmt::format("{{\"index\":{},\"record\":{}}}", index, line);
   }
   lines += ']';
-  nlohmann::json head = {{"total", page->total},      {"matched", page->matched},
-                         {"tasks", page->tasks},      {"step_min", page->step_min},
+  nlohmann::json head = {{"total", page->total},
+                         {"matched", page->matched},
+                         {"tasks", page->tasks},
+                         {"step_min", page->step_min},
                          {"step_max", page->step_max}};
   std::string out = head.dump();
   out.pop_back();  // '}'
@@ -404,8 +414,9 @@ void Dashboard::Impl::OnRollouts(const httplib::Request& req, httplib::Response&
 }
 
 void Dashboard::Impl::OnMetrics(const httplib::Request&, httplib::Response& res) {
-  res.set_content(RenderPrometheus(CurrentStatus(), metrics_.Last("train"), metrics_.Last("eval"), NowNs()),
-                  "text/plain; version=0.0.4; charset=utf-8");
+  res.set_content(
+      RenderPrometheus(CurrentStatus(), metrics_.Last("train"), metrics_.Last("eval"), NowNs()),
+      "text/plain; version=0.0.4; charset=utf-8");
 }
 
 // ------------------------------------------------------------------ facade

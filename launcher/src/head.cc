@@ -20,61 +20,12 @@
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
 #include "troupe/transport/message.h"
+#include "troupe/transport/wire_names.h"
 
 namespace troupe::launcher {
 
 using transport::OutMessage;
 using wire::ActorState;
-
-std::string RoleName(int r) {
-  switch (static_cast<wire::Role>(r)) {
-    case wire::Role::HEAD:
-      return "head";
-    case wire::Role::LEARNER:
-      return "learner";
-    case wire::Role::ROLLOUT:
-      return "rollout";
-    case wire::Role::REWARD:
-      return "reward";
-    case wire::Role::CLI:
-      return "cli";
-    case wire::Role::ECHO:
-      return "echo";
-    default:
-      return "unknown";
-  }
-}
-
-int WireRole(const std::string& role) {
-  static const std::map<std::string, wire::Role> kRoles = {
-      {"head", wire::Role::HEAD},       {"learner", wire::Role::LEARNER},
-      {"rollout", wire::Role::ROLLOUT}, {"reward", wire::Role::REWARD},
-      {"cli", wire::Role::CLI},         {"echo", wire::Role::ECHO}};
-  auto it = kRoles.find(role);
-  return it == kRoles.end() ? -1 : static_cast<int>(it->second);
-}
-
-static const char* StateName(ActorState s) {
-  switch (s) {
-    case ActorState::STARTING:
-      return "starting";
-    case ActorState::READY:
-      return "ready";
-    case ActorState::BUSY:
-      return "busy";
-    case ActorState::DRAINING:
-      return "draining";
-    case ActorState::STOPPING:
-      return "stopping";
-    case ActorState::EXITED:
-      return "exited";
-    case ActorState::FAILED:
-      return "failed";
-    case ActorState::LOST:
-      return "lost";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -307,8 +258,7 @@ void Head::Impl::ScheduleRestart(Record& r, const std::string& why) {
   // Its last word: the final report if it sent one before it ended, else its
   // last stats. The next incarnation starts with neither.
   const auto& last = r.final_report.empty() ? r.stats : r.final_report;
-  if (r.incarnation != 0 && !last.empty())
-    r.dead_reports.emplace_back(r.source(), last);
+  if (r.incarnation != 0 && !last.empty()) r.dead_reports.emplace_back(r.source(), last);
   r.stats.clear();
   r.final_report.clear();
   r.incarnation = 0;
@@ -355,7 +305,8 @@ void Head::Impl::OnProcessExit(Record& r, const ExitInfo& e) {
     if (auto at = last.find("] "); at != std::string::npos) last = last.substr(at + 2);
     if (auto at = last.find(": "); at != std::string::npos && at < 16) last = last.substr(at + 2);
     const std::string why =
-        r.id + " stopped" + (last.empty() ? std::string(" with a fatal error (exit 4)") : ": " + last);
+        r.id + " stopped" +
+        (last.empty() ? std::string(" with a fatal error (exit 4)") : ": " + last);
     Log().error("{}; stopping the job", why);
     {
       MutexLock g(summary_mu_);
@@ -592,7 +543,7 @@ void Head::Impl::SendControl(Record& r, int command) {
 
 void Head::Impl::FillActor(wire::ActorInfo::Builder b, const Record& r) const {
   b.setActorId(r.id);
-  b.setRole(static_cast<wire::Role>(WireRole(r.role) < 0 ? 0 : WireRole(r.role)));
+  b.setRole(transport::RoleFromName(r.role).value_or(wire::Role::UNKNOWN));
   b.setNode(r.node);
   b.setPid(r.pid);
   b.setState(r.state);
@@ -734,7 +685,8 @@ void Head::Impl::OnMetrics(const transport::InMessage& m) {
     std::string key = s.getName();
     // A figure named like a record key must not overwrite it: the trainer's own
     // "step" counts optimizer updates with the warm start's, the record's is the RL update.
-    if (key == "step" || key == "kind" || key == "actor" || key == "time_ns" || key == "policy_version")
+    if (key == "step" || key == "kind" || key == "actor" || key == "time_ns" ||
+        key == "policy_version")
       key = key == "step" ? "optimizer_step" : "stat_" + key;
     if (std::isfinite(s.getValue())) j[key] = s.getValue();
   }
@@ -786,7 +738,7 @@ void Head::Impl::OnControl(const std::string& peer, const transport::InMessage& 
     }
     case wire::Control::Command::SCALE: {
       auto sc = cmd.getScale();
-      std::string role = RoleName(static_cast<int>(sc.getRole()));
+      std::string role = transport::RoleName(sc.getRole());
       if (role != "rollout" && role != "reward" && role != "echo") {
         rep.setOk(false);
         rep.setError("only rollout and reward actors can be scaled, not '" + role + "'");
@@ -968,7 +920,7 @@ std::vector<ActorStatus> Head::Impl::Snapshot() const {
     s.id = r.id;
     s.role = r.role;
     s.node = r.node;
-    s.state = StateName(r.state);
+    s.state = transport::StateName(r.state);
     s.pid = r.pid;
     s.policy_version = r.policy_version;
     s.restarts = r.restarts;

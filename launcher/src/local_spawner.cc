@@ -1,15 +1,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "troupe/core/text.h"
 #include "troupe/launcher/spawner.h"
 
 namespace troupe::launcher {
-
-std::string HostName() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
 
 namespace {
 

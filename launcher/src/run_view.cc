@@ -81,7 +81,7 @@ bool JsonlTail::Poll(const std::function<void(std::string_view, uint64_t)>& on_l
 
 void MetricsStore::PollLocked() {
   tail_.Poll(
-      [&](std::string_view line, uint64_t) {
+      [&](std::string_view line, uint64_t) TROUPE_REQUIRES(mu_) {
         auto j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.is_object()) return;  // a torn or foreign line
         const std::string kind = j.value("kind", "");
@@ -89,7 +89,7 @@ void MetricsStore::PollLocked() {
         last_[kind] = std::string(line);
         if (Charted(kind)) lines_.emplace_back(line);
       },
-      [&] {
+      [&]() TROUPE_REQUIRES(mu_) {
         lines_.clear();
         last_.clear();
         counts_.clear();
@@ -131,7 +131,7 @@ size_t MetricsStore::Count(const std::string& kind) {
 
 void RolloutIndex::PollLocked() {
   tail_.Poll(
-      [&](std::string_view line, uint64_t offset) {
+      [&](std::string_view line, uint64_t offset) TROUPE_REQUIRES(mu_) {
         auto j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.is_object()) return;
         Entry e;
@@ -149,7 +149,7 @@ void RolloutIndex::PollLocked() {
         e.task = static_cast<uint16_t>(it - tasks_.begin());
         entries_.push_back(e);
       },
-      [&] {
+      [&]() TROUPE_REQUIRES(mu_) {
         entries_.clear();
         tasks_.clear();
       });

@@ -13,6 +13,7 @@
 #include <boost/crc.hpp>
 
 #include "tensorboard_event.pb.h"
+#include "troupe/core/text.h"
 #include "troupe/launcher/spawner.h"
 
 namespace troupe::launcher {
@@ -76,8 +77,7 @@ tb::Event EventAt(int64_t step, double wall_time) {
 
 }  // namespace
 
-Status TbWriter::AddScalar(const std::string& tag, int64_t step, double value,
-                           double wall_time) {
+Status TbWriter::AddScalar(const std::string& tag, int64_t step, double value, double wall_time) {
   tb::Event e = EventAt(step, wall_time);
   auto* v = e.mutable_summary()->add_value();
   v->set_tag(tag);
@@ -149,8 +149,8 @@ Status TbWriter::AddIntegerHistogram(const std::string& tag, int64_t step,
 }
 
 Status TbWriter::AddBucketCounts(const std::string& tag, int64_t step,
-                                 const std::vector<double>& edges, const std::vector<double>& counts,
-                                 double wall_time) {
+                                 const std::vector<double>& edges,
+                                 const std::vector<double>& counts, double wall_time) {
   if (counts.size() != edges.size() + 1 || edges.empty())
     return InvalidArgument("histogram '{}': {} counts for {} edges (want edges + 1)", tag,
                            counts.size(), edges.size());

@@ -28,7 +28,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "chat_template_cmd.h"
+#include "remote_spawner.h"
+#include "tokenize_cmd.h"
 #include "troupe/core/log.h"
+#include "troupe/core/text.h"
 #include "troupe/launcher/control_client.h"
 #include "troupe/launcher/dashboard.h"
 #include "troupe/launcher/head.h"
@@ -36,9 +40,6 @@
 #include "troupe/launcher/run_dir.h"
 #include "troupe/launcher/spawner.h"
 #include "troupe/launcher/subprocess.h"
-#include "chat_template_cmd.h"
-#include "remote_spawner.h"
-#include "tokenize_cmd.h"
 #include "troupe/transport/curve.h"
 #include "troupe/transport/zmq_network.h"
 
@@ -137,9 +138,10 @@ Result<std::vector<HostSpec>> BackendHosts(const JobConfig& job, std::string* sl
   const char* id = std::getenv("SLURM_JOB_ID");
   const char* nodes = std::getenv("SLURM_JOB_NODELIST");
   if (!id || !*id)
-    return InvalidArgument("cluster.backend is slurm but this is not a Slurm allocation (no "
-                           "SLURM_JOB_ID): start `troupe run` under salloc or sbatch, or add "
-                           "--submit to submit the job with sbatch");
+    return InvalidArgument(
+        "cluster.backend is slurm but this is not a Slurm allocation (no "
+        "SLURM_JOB_ID): start `troupe run` under salloc or sbatch, or add "
+        "--submit to submit the job with sbatch");
   *slurm_job = id;
   return SlurmAllocationHosts(job.cluster, nodes ? nodes : "", Deadline::InMs(30000));
 }
@@ -520,7 +522,8 @@ int CmdStop(const std::string& runs_dir, std::vector<std::string> pos, int wait_
 
 // `troupe dashboard [RUN]`: the dashboard of a run from its folder alone
 // (finished, or running elsewhere), until Ctrl-C.
-int CmdDashboard(const std::string& runs_dir, std::vector<std::string> pos, const std::string& bind) {
+int CmdDashboard(const std::string& runs_dir, std::vector<std::string> pos,
+                 const std::string& bind) {
   if (pos.size() > 1) return Fail("dashboard takes at most a RUN argument", 2);
   auto run = ResolveRunDir(runs_dir, pos.empty() ? "" : pos[0]);
   if (!run.ok()) return Fail(run.status().message(), 2);  // an unknown RUN argument
@@ -610,7 +613,8 @@ int main(int argc, char** argv) {
 
   std::string dash_bind;
   auto* dash = app.add_subcommand(
-      "dashboard", "serve a run's dashboard from its folder (a finished run, or one running elsewhere)");
+      "dashboard",
+      "serve a run's dashboard from its folder (a finished run, or one running elsewhere)");
   dash->add_option("run", pos, "[RUN]");
   dash->add_option("--bind", dash_bind,
                    "ADDR[:PORT] to listen on (default 127.0.0.1, any free port; other addresses "

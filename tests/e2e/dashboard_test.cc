@@ -86,6 +86,8 @@ TEST(Dashboard, LiveJobInChromiumThenTensorBoardReadBackThenTheFinishedRunFromIt
                        "--timeout", "240"},
                       300);
   ASSERT_FALSE(live.contains("error")) << live.dump() << "\n" << job.Output();
+  ASSERT_TRUE(live.contains("points_after") && live.contains("canvases"))
+      << "the browser script answered nothing usable: " << live.dump();
   EXPECT_EQ(live["actors"].size(), 4u) << live.dump();
   EXPECT_GE(live["points_after"].get<int>(), live["points_before"].get<int>() + 3);
   EXPECT_EQ(live["state"], "running");

@@ -11,29 +11,12 @@
 
 #include <gtest/gtest.h>
 
+#include "../common/temp_dir.h"
 #include "troupe/engine/model_config.h"
 
 namespace troupe::engine::testing {
 
-// A fresh directory under $TMPDIR, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-engine-XXXXXX").string();
-    char* p = mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test_support::TempDir;
 
 // A small model that exercises every feature (GQA, untied head) and runs fast.
 inline ModelConfig TinyConfig() {

@@ -608,11 +608,20 @@ TEST_F(MultinodeTest, UnauthenticatedPeersAreRefusedEverywhereAndTrainingIsUnaff
         60000))
         << t.what << " (" << t.endpoint << "): no refusal counted in " << owner_log << ".log";
     if (t.owner != "head") {
-      ControlResult now = job.Status();
-      auto* a = job.Find(now, t.owner);
-      if (a && a->stats.count("transport.handshake_failures")) {  // once heartbeats carry them
-        EXPECT_GT(a->stats.at("transport.handshake_failures"), 0) << t.owner;
-      }
+      // The counter reaches the head with the owner's next heartbeat, which can come after
+      // the log line: wait for it (bounded).
+      double failures = 0;
+      EXPECT_TRUE(Eventually(
+          [&] {
+            ControlResult now = job.Status();
+            auto* a = job.Find(now, t.owner);
+            if (a && a->stats.count("transport.handshake_failures"))
+              failures = a->stats.at("transport.handshake_failures");
+            return failures > 0;
+          },
+          20000))
+          << t.owner << ": transport.handshake_failures still " << failures
+          << " in its heartbeats after the refusal was logged";
     }
   }
   // Nothing reached the broadcast: it never had to refuse a message itself.

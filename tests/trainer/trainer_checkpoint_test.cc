@@ -24,6 +24,7 @@
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/temp_dir.h"
 #include "test_util.h"
 #include "troupe/core/check.h"
 #include "troupe/trainer/learner.h"
@@ -37,23 +38,7 @@ using ::testing::HasSubstr;
 using testing::OnPolicyBatch;
 using testing::SmallModel;
 
-// A fresh directory under the system temp dir, removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "troupe-trainer-XXXXXX").string();
-    TROUPE_CHECK(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_support::TempDir;
 
 LearnerConfig ResumeConfig() {
   LearnerConfig c;

@@ -12,30 +12,13 @@
 
 #include <gtest/gtest.h>
 
+#include "../common/temp_dir.h"
 #include "troupe/transport/message.h"
 #include "troupe/transport/socket.h"
 
 namespace troupe::transport::testing {
 
-// A unique temporary directory removed at destruction (for ipc:// endpoints).
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "troupe-test-XXXXXX").string();
-    char* p = mkdtemp(tmpl.data());
-    EXPECT_NE(p, nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Ipc(const std::string& name) const { return "ipc://" + path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test_support::TempDir;
 
 // A seed printed once per test so failures can be replayed.
 inline uint64_t TestSeed() {

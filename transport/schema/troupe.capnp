@@ -35,7 +35,7 @@ struct Envelope {
     logRecord @10 :LogRecord;
     rolloutBatch @11 :RolloutBatch;
     scoredBatch @12 :ScoredBatch;
-    policyVersion @13 :PolicyVersion;
+    retiredPolicyVersion @13 :Void;  # was a PUB of the learner's version; credits replaced it (never sent)
     weightsManifest @14 :WeightsManifest;
     weightsChunk @15 :WeightsChunk;
     ack @16 :Ack;
@@ -282,15 +282,6 @@ struct Rejection {
 }
 
 # ---------------------------------------------------------------- weights
-
-# learner -> rollout actors (PUB): the learner's current version. Rollout
-# actors use it to throttle (invariant 3); losing one is harmless.
-struct PolicyVersion {
-  version @0 :UInt64;
-  trainedBatches @1 :UInt64;   # batches the learner has consumed
-  acceptedSamples @2 :UInt64;  # sequences accepted for training so far
-  maxPolicyLag @3 :UInt32;
-}
 
 # Layout of one weight broadcast: which tensors, where in which bucket.
 struct WeightsManifest {

@@ -13,6 +13,7 @@
 #include "troupe/core/check.h"
 #include "troupe/core/deadline.h"
 #include "troupe/core/log.h"
+#include "troupe/core/text.h"
 #include "troupe/transport/tensor.h"
 
 namespace troupe::transport {
@@ -674,20 +675,6 @@ class DeepValidator {
   std::vector<unsigned> index_;
 };
 
-// kj descriptions may embed the offending bytes (even NULs): keep them printable.
-std::string Printable(kj::StringPtr s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += c;
-    } else {
-      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-    }
-  }
-  return out;
-}
-
 Status Reject(TransportCounters* counters, RejectReason reason, Status st) {
   if (counters) counters->Reject(reason);
   return st;
@@ -842,7 +829,9 @@ Result<InMessage> DecodeMessage(FrameSet frames, const DecodeLimits& limits,
     state->root = state->reader->getRoot<wire::Envelope>();
   } catch (const kj::Exception& e) {
     return Reject(counters, RejectReason::kCapnp,
-                  Malformed("Cap'n Proto rejected the message: {}", Printable(e.getDescription())));
+                  Malformed("Cap'n Proto rejected the message: {}",
+                            Printable(std::string_view(e.getDescription().cStr(),
+                                                       e.getDescription().size()))));
   } catch (const std::exception& e) {
     return Reject(counters, RejectReason::kCapnp,
                   Malformed("Cap'n Proto rejected the message: {}", e.what()));

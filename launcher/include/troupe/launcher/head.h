@@ -110,8 +110,4 @@ class Head {
   std::unique_ptr<Impl> impl_;
 };
 
-// Role names <-> wire roles.
-std::string RoleName(int wire_role);
-int WireRole(const std::string& role);  // wire::Role value, or -1 if unknown
-
 }  // namespace troupe::launcher

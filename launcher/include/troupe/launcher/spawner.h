@@ -18,6 +18,7 @@
 
 #include "troupe/core/deadline.h"
 #include "troupe/core/status.h"
+#include "troupe/launcher/address.h"
 #include "troupe/launcher/job_spec.h"
 #include "troupe/launcher/subprocess.h"
 
@@ -61,9 +62,6 @@ class Spawner {
 
 // fork/exec on this machine, each actor in its own process group.
 std::unique_ptr<Spawner> NewLocalSpawner();
-
-// This machine's host name.
-std::string HostName();
 
 // ---- Remote backends: ssh and slurm (docs/multinode.md).
 //
@@ -124,17 +122,5 @@ Result<std::vector<HostSpec>> SlurmAllocationHosts(const ClusterSpec& cluster,
 // over roles with actors of ceil(count / per_node) (per_node 0: one node).
 uint32_t SlurmNodesNeeded(const ClusterSpec& cluster,
                           const std::map<std::string, RoleProcess>& roles);
-
-// The IPv4 address `host` (a name or a numeric address) resolves to; NotFound
-// naming the host when it does not. Blocks for name resolution.
-Result<std::string> ResolveIpv4Address(const std::string& host);
-
-// The address the head binds and publishes to actors: cluster.advertise_address;
-// else the IPv4 address of cluster.bind_interface; else, for remote backends, this
-// machine's address on the route to the first host; else 127.0.0.1. Refuses an
-// unspecified address, and a loopback one while some host is not this machine,
-// naming the host. Blocks only for name resolution of host names.
-Result<std::string> ResolveAdvertiseAddress(const ClusterSpec& cluster,
-                                            const std::vector<HostSpec>& hosts);
 
 }  // namespace troupe::launcher
