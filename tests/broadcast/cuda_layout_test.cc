@@ -57,7 +57,7 @@ class CudaLayout : public ::testing::TestWithParam<WireDtype> {};
 
 TEST_P(CudaLayout, CudaTensorsPackToTheCpuBytesInHostAndDeviceStreams) {
   TROUPE_REQUIRE_GPU_DEVICE();
-  const at::Device gpu_dev = troupe::testing::GpuTestDevice();
+  const at::Device gpu_dev = troupe::test_support::GpuTestDevice();
   const WireDtype wire = GetParam();
   const NamedTensors cpu = MakeWeights(Seed(), 1);
   const NamedTensors gpu = ToDevice(cpu, gpu_dev);
@@ -87,7 +87,7 @@ TEST_P(CudaLayout, CudaTensorsPackToTheCpuBytesInHostAndDeviceStreams) {
 
 TEST_P(CudaLayout, DeviceStreamUnpacksIntoCudaTensors) {
   TROUPE_REQUIRE_GPU_DEVICE();
-  const at::Device gpu_dev = troupe::testing::GpuTestDevice();
+  const at::Device gpu_dev = troupe::test_support::GpuTestDevice();
   const WireDtype wire = GetParam();
   const NamedTensors cpu = MakeWeights(Seed(), 2);
   const NamedTensors gpu = ToDevice(cpu, gpu_dev);

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-namespace troupe::testing {
+namespace troupe::test_support {
 
 // True when the cases run on the CPU as a dry run (see above).
 inline bool GpuTestDryRun() {
@@ -34,10 +34,10 @@ inline std::string GpuTestSkipReason() {
          "TROUPE_GPU_TEST_DEVICE=cpu dry-runs these cases on the CPU";
 }
 
-}  // namespace troupe::testing
+}  // namespace troupe::test_support
 
-#define TROUPE_REQUIRE_GPU_DEVICE()                                          \
-  do {                                                                       \
-    const std::string troupe_skip_ = ::troupe::testing::GpuTestSkipReason(); \
-    if (!troupe_skip_.empty()) GTEST_SKIP() << troupe_skip_;                 \
+#define TROUPE_REQUIRE_GPU_DEVICE()                                               \
+  do {                                                                            \
+    const std::string troupe_skip_ = ::troupe::test_support::GpuTestSkipReason(); \
+    if (!troupe_skip_.empty()) GTEST_SKIP() << troupe_skip_;                      \
   } while (0)

@@ -34,7 +34,7 @@ using testing::TestSeed;
 constexpr double kLogprobTol = 1e-3;  // float32, CUDA vs CPU
 constexpr double kTieGap = 1e-4;      // CPU top-2 logit gap below which either token is right
 
-using troupe::testing::GpuTestDevice;
+using troupe::test_support::GpuTestDevice;
 
 // The engine under test: on the GPU (the plain torch ops path), or in a dry run on the CPU
 // with the fused kernels off (the same path the GPU takes).

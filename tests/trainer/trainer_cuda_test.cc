@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <random>
 
 #include <ATen/ATen.h>
@@ -20,11 +19,10 @@
 #include <gtest/gtest.h>
 
 #include "../common/gpu_device.h"
+#include "../common/temp_dir.h"
 #include "test_util.h"
 #include "troupe/core/check.h"
 #include "troupe/trainer/learner.h"
-
-namespace fs = std::filesystem;
 
 namespace troupe::trainer {
 namespace {
@@ -32,7 +30,8 @@ namespace {
 using testing::OnPolicyBatch;
 using testing::SeqSpec;
 
-using troupe::testing::GpuTestDevice;
+using test_support::TempDir;
+using troupe::test_support::GpuTestDevice;
 
 uint64_t Seed() {
   static const uint64_t seed = [] {
@@ -157,23 +156,6 @@ TEST(LearnerCuda, OneUpdateEqualsTheCpuLearnersWithinTolerance) {
   // Argmax hits: a near-tie among the small random logits may fall either way on a token.
   EXPECT_NEAR(sc->token_accuracy, sg->token_accuracy, 0.05);
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "troupe-cuda-XXXXXX").string();
-    TROUPE_CHECK(::mkdtemp(t.data()) != nullptr);
-    path_ = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 TEST(LearnerCuda, CheckpointSavedOnTheGpuResumesBitExactly) {
   TROUPE_REQUIRE_GPU_DEVICE();
