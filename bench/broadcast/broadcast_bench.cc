@@ -8,7 +8,8 @@
 //             gets views over the shared segment and keeps nothing: the cost of the
 //             broadcast itself), shm_copy (the sink copies the views into tensors it
 //             owns, as Engine::UpdateWeights copies into its parameters), nccl (GPU
-//             machines only: learner on GPU 0, receiver i on GPU i+1; scripts/gpu-check.sh)
+//             machines only: learner on GPU 0, receiver i on GPU i+1;
+//             scripts/gpu/build-and-check.sh)
 //   targets   shm: time <= 2x memcpy whatever K is (same host);
 //             chain paths across hosts: time(K=4) <= 1.5x time(K=1) at 100 MB. For
 //             those, run bench/broadcast/netns-bench.sh: it starts this binary with

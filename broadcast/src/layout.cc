@@ -271,8 +271,8 @@ Result<Layout> PlanLayout(const NamedTensors& named, WireDtype wire_dtype, uint6
                              kMaxNameBytes);
     if (!names.insert(name).second) return InvalidArgument("tensor name '{}' appears twice", name);
     if (!t.defined()) return InvalidArgument("tensor '{}' is undefined", name);
-    if (!t.device().is_cpu())
-      return InvalidArgument("tensor '{}' is on {}; this build broadcasts CPU tensors", name,
+    if (!t.device().is_cpu() && !t.device().is_cuda())
+      return InvalidArgument("tensor '{}' is on {}; only CPU and CUDA tensors are broadcast", name,
                              t.device().str());
     if (t.layout() != at::kStrided || t.is_quantized())
       return InvalidArgument("tensor '{}' is not a dense strided tensor", name);
@@ -295,35 +295,49 @@ Result<Layout> PlanLayout(const NamedTensors& named, WireDtype wire_dtype, uint6
   return layout;
 }
 
-Status PackTensors(const NamedTensors& named, const Layout& layout, uint8_t* flat) {
+Status PackTensors(const NamedTensors& named, const Layout& layout, uint8_t* flat,
+                   at::Device flat_device) {
   if (named.size() != layout.slots.size())
     return InvalidArgument("{} tensors for a layout of {}", named.size(), layout.slots.size());
+  if (!flat_device.is_cpu() && !flat_device.is_cuda())
+    return InvalidArgument("a stream on {}: only host or CUDA memory", flat_device.str());
+  const bool host = flat_device.is_cpu();
   at::NoGradGuard no_grad;
+  // A device stream is zeroed in one pass (padding included), then the tensors go in.
+  if (!host && layout.total_bytes > 0) {
+    at::from_blob(flat, {static_cast<int64_t>(layout.total_bytes)},
+                  at::TensorOptions().dtype(at::kByte).device(flat_device))
+        .zero_();
+  }
   uint64_t written = 0;
   for (size_t i = 0; i < named.size(); ++i) {
     const Slot& slot = layout.slots[i];
     const at::Tensor& t = named[i].second;
     if (named[i].first != slot.name || !t.defined() ||
         !t.sizes().equals(c10::IntArrayRef(slot.shape)) ||
-        t.scalar_type() != ToScalarType(slot.dtype) || !t.device().is_cpu())
+        t.scalar_type() != ToScalarType(slot.dtype) ||
+        !(t.device().is_cpu() || t.device().is_cuda()))
       return InvalidArgument(
           "tensor #{} '{}' does not match the planned layout (name, shape, "
           "dtype or device changed)",
           i, named[i].first);
-    if (slot.offset > written) std::memset(flat + written, 0, slot.offset - written);
+    if (host && slot.offset > written) std::memset(flat + written, 0, slot.offset - written);
     uint8_t* dst = flat + slot.offset;
     if (slot.bytes != 0) {
-      if (slot.wire == slot.dtype && t.is_contiguous()) {
+      if (host && t.device().is_cpu() && slot.wire == slot.dtype && t.is_contiguous()) {
         std::memcpy(dst, t.data_ptr(), slot.bytes);
       } else {
+        // torch moves the bytes: D2H into a host stream, H2D or D2D into a device one.
         at::Tensor view =
-            at::from_blob(dst, slot.shape, at::TensorOptions().dtype(ToScalarType(slot.wire)));
+            at::from_blob(dst, slot.shape,
+                          at::TensorOptions().dtype(ToScalarType(slot.wire)).device(flat_device));
         view.copy_(t);
       }
     }
     written = slot.offset + slot.bytes;
   }
-  if (layout.total_bytes > written) std::memset(flat + written, 0, layout.total_bytes - written);
+  if (host && layout.total_bytes > written)
+    std::memset(flat + written, 0, layout.total_bytes - written);
   return Status::Ok();
 }
 
@@ -394,7 +408,9 @@ uint64_t CastAreaBytes(const Layout& layout) {
 
 Result<NamedTensors> UnpackTensors(const Layout& layout, const uint8_t* flat,
                                    std::shared_ptr<void> flat_owner, uint8_t* cast_area,
-                                   std::shared_ptr<void> cast_owner) {
+                                   std::shared_ptr<void> cast_owner, at::Device flat_device) {
+  if (!flat_device.is_cpu() && !flat_device.is_cuda())
+    return InvalidArgument("a stream on {}: only host or CUDA memory", flat_device.str());
   at::NoGradGuard no_grad;
   NamedTensors out;
   out.reserve(layout.slots.size());
@@ -402,7 +418,7 @@ Result<NamedTensors> UnpackTensors(const Layout& layout, const uint8_t* flat,
   auto keep_flat = [flat_owner](void*) {};
   auto keep_cast = [cast_owner](void*) {};
   for (const Slot& s : layout.slots) {
-    at::TensorOptions opts = at::TensorOptions().dtype(ToScalarType(s.dtype));
+    at::TensorOptions opts = at::TensorOptions().dtype(ToScalarType(s.dtype)).device(flat_device);
     at::Tensor t;
     if (s.bytes == 0) {
       t = at::empty(s.shape, opts);
@@ -412,8 +428,9 @@ Result<NamedTensors> UnpackTensors(const Layout& layout, const uint8_t* flat,
       if (cast_area == nullptr) return Internal("no cast area for down-cast tensor '{}'", s.name);
       cast_offset = AlignUp(cast_offset, kSlotAlignment);
       t = at::from_blob(cast_area + cast_offset, s.shape, keep_cast, opts);
-      at::Tensor src = at::from_blob(const_cast<uint8_t*>(flat) + s.offset, s.shape,
-                                     at::TensorOptions().dtype(ToScalarType(s.wire)));
+      at::Tensor src =
+          at::from_blob(const_cast<uint8_t*>(flat) + s.offset, s.shape,
+                        at::TensorOptions().dtype(ToScalarType(s.wire)).device(flat_device));
       t.copy_(src);
       cast_offset += static_cast<uint64_t>(t.numel()) * ItemSize(s.dtype);
     }
@@ -428,7 +445,7 @@ uint64_t DigestTensors(const NamedTensors& named) {
     h = Checksum64(name.data(), name.size(), h);
     h = Checksum64(t0.sizes().data(), t0.sizes().size() * sizeof(int64_t),
                    h ^ static_cast<uint64_t>(t0.scalar_type()));
-    at::Tensor t = t0.contiguous();
+    at::Tensor t = t0.device().is_cpu() ? t0.contiguous() : t0.to(at::kCPU).contiguous();
     h = Checksum64(t.data_ptr(), t.nbytes(), h);
   }
   return h;

@@ -115,28 +115,49 @@ Status NcclGroup::Transfer(uint8_t* flat, const Layout& layout, Deadline deadlin
   Impl& g = *impl_;
   if (g.broken || g.comm == nullptr) return Unavailable("nccl communicator was aborted");
   if (layout.total_bytes == 0) return Status::Ok();
-  // A single-rank communicator still runs the whole path (staging copy + ncclBroadcast).
   TROUPE_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(g.device), "cudaSetDevice"));
-  if (g.device_bytes < layout.total_bytes) {
-    if (g.device_buffer != nullptr) cudaFree(g.device_buffer);
-    g.device_buffer = nullptr;
-    g.device_bytes = 0;
+  // A stream in this GPU's memory moves as it is; a host one is staged through a device buffer.
+  cudaPointerAttributes attr{};
+  TROUPE_RETURN_IF_ERROR(
+      CudaStatus(cudaPointerGetAttributes(&attr, flat), "cudaPointerGetAttributes"));
+  const bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  if (on_device && attr.device != g.device)
+    return InvalidArgument("the stream is in the memory of CUDA device {}, the communicator on {}",
+                           attr.device, g.device);
+  uint8_t* dev = flat;
+  if (on_device) {
+    // PackTensors queued the packing on torch's default (legacy) stream: NCCL's stream waits
+    // for it on the device, the host does not block.
+    cudaEvent_t packed = nullptr;
     TROUPE_RETURN_IF_ERROR(
-        CudaStatus(cudaMalloc(&g.device_buffer, layout.total_bytes), "cudaMalloc"));
-    g.device_bytes = layout.total_bytes;
+        CudaStatus(cudaEventCreateWithFlags(&packed, cudaEventDisableTiming), "cudaEventCreate"));
+    cudaError_t e = cudaEventRecord(packed, cudaStreamLegacy);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(g.stream, packed, 0);
+    cudaEventDestroy(packed);
+    TROUPE_RETURN_IF_ERROR(CudaStatus(e, "waiting for the packed stream"));
+  } else {
+    if (g.device_bytes < layout.total_bytes) {
+      if (g.device_buffer != nullptr) cudaFree(g.device_buffer);
+      g.device_buffer = nullptr;
+      g.device_bytes = 0;
+      TROUPE_RETURN_IF_ERROR(
+          CudaStatus(cudaMalloc(&g.device_buffer, layout.total_bytes), "cudaMalloc"));
+      g.device_bytes = layout.total_bytes;
+    }
+    dev = static_cast<uint8_t*>(g.device_buffer);
   }
-  auto* dev = static_cast<uint8_t*>(g.device_buffer);
+  // A single-rank communicator still runs the whole path (staging copies + ncclBroadcast).
   for (uint64_t b = 0; b < layout.num_buckets(); ++b) {
     uint64_t begin = layout.bucket_begin(b);
     uint64_t len = layout.bucket_end(b) - begin;
-    if (g.rank == 0)
+    if (g.rank == 0 && !on_device)
       TROUPE_RETURN_IF_ERROR(CudaStatus(
           cudaMemcpyAsync(dev + begin, flat + begin, len, cudaMemcpyHostToDevice, g.stream),
           "cudaMemcpyAsync H2D"));
     ncclResult_t r = ncclBroadcast(dev + begin, dev + begin, len, ncclUint8, 0, g.comm, g.stream);
     if (r != ncclSuccess && r != ncclInProgress) return g.Abort(NcclStatus(r, "ncclBroadcast"));
     TROUPE_RETURN_IF_ERROR(g.Settle(deadline, should_abort, "ncclBroadcast enqueue"));
-    if (g.rank != 0)
+    if (g.rank != 0 && !on_device)
       TROUPE_RETURN_IF_ERROR(CudaStatus(
           cudaMemcpyAsync(flat + begin, dev + begin, len, cudaMemcpyDeviceToHost, g.stream),
           "cudaMemcpyAsync D2H"));

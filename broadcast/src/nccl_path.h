@@ -8,10 +8,12 @@
 // initialisation nor a collective can hang: on the deadline, on an
 // asynchronous NCCL error, or when the caller's `should_abort` says so (a
 // newer epoch arrived), the communicator is aborted with ncclCommAbort, never
-// waited on. Buckets are staged through a device buffer: rank 0 copies its
-// host stream in, ncclBroadcast fans it out, the others copy it back out (this
-// build's libtorch is CPU-only; with CUDA tensors the copies would be device
-// to device). Not thread-safe; one transfer at a time.
+// waited on. A stream in host memory (what WeightSender and WeightReceiver hand
+// over today: checksums and newcomers' catch-up read host bytes) is staged
+// through a device buffer: rank 0 copies it in, ncclBroadcast fans it out, the
+// others copy it back out. A stream already in this GPU's memory (PackTensors
+// with a CUDA flat_device) moves with no staging and no host round trip. Not
+// thread-safe; one transfer at a time.
 //
 // What NCCL does not protect: its bootstrap and transport connections are
 // neither authenticated nor encrypted. The ncclUniqueId (which names rank 0's
@@ -48,7 +50,8 @@ class NcclGroup {
                                                  const std::function<bool()>& should_abort);
   ~NcclGroup();
 
-  // Moves the stream from rank 0 to every rank (see the file comment).
+  // Moves the stream from rank 0 to every rank (see the file comment). `flat` is host memory
+  // or memory of this rank's device (another device's is refused).
   Status Transfer(uint8_t* flat, const Layout& layout, Deadline deadline,
                   const std::function<bool()>& should_abort);
 

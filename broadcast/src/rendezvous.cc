@@ -299,6 +299,13 @@ class LocalRendezvousStore final : public c10d::Store {
             const std::chrono::milliseconds& timeout) override {
     Wait(keys, timeout);
   }
+  // c10d::Store::clone() is pure virtual in newer torch (2.7+) and absent in older ones, so
+  // this is declared without `override`: it overrides where the base has it. A clone shares
+  // the map; it may be used from another thread, so it calls no interrupt (its timeout bounds
+  // every wait).
+  c10::intrusive_ptr<c10d::Store> clone() {
+    return c10::make_intrusive<LocalRendezvousStore>(state_, timeout_, nullptr);
+  }
 
  private:
   StoreReplyMsg Do(StoreOp op, std::vector<std::string> keys, std::string value = "",
@@ -350,9 +357,12 @@ class LocalRendezvousStore final : public c10d::Store {
 // A member's store: request/reply with the learner's rendezvous server.
 class RemoteRendezvousStore final : public c10d::Store {
  public:
-  RemoteRendezvousStore(std::unique_ptr<transport::Socket> socket, proto::Header header,
+  RemoteRendezvousStore(transport::Network* network, std::string endpoint,
+                        std::unique_ptr<transport::Socket> socket, proto::Header header,
                         std::chrono::milliseconds timeout, Interrupt interrupt)
       : c10d::Store(timeout),
+        network_(network),
+        endpoint_(std::move(endpoint)),
         socket_(std::move(socket)),
         header_(std::move(header)),
         interrupt_(std::move(interrupt)) {}
@@ -383,6 +393,11 @@ class RemoteRendezvousStore final : public c10d::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override {
     Call(StoreOp::kWait, keys, "", "", 0, timeout);
+  }
+  // See LocalRendezvousStore::clone. A socket belongs to one thread: a clone has its own
+  // connection to the same server (no interrupt: its timeout bounds every wait).
+  c10::intrusive_ptr<c10d::Store> clone() {
+    return ConnectRendezvous(network_, endpoint_, header_, timeout_, nullptr);
   }
 
  private:
@@ -415,6 +430,8 @@ class RemoteRendezvousStore final : public c10d::Store {
     }
   }
 
+  transport::Network* network_;
+  std::string endpoint_;
   std::unique_ptr<transport::Socket> socket_;
   proto::Header header_;
   Interrupt interrupt_;
@@ -481,8 +498,14 @@ c10::intrusive_ptr<c10d::Store> ConnectRendezvous(transport::Network* network,
   auto s = network->Connect(transport::SocketKind::kClient, endpoint,
                             ControlSocketOptions(UnguessableIdentity(header.sender)));
   if (!s.ok()) throw std::runtime_error("rendezvous store: " + s.status().ToString());
-  return c10::make_intrusive<RemoteRendezvousStore>(std::move(s).value(), std::move(header),
-                                                    timeout, std::move(interrupt));
+  return c10::make_intrusive<RemoteRendezvousStore>(
+      network, endpoint, std::move(s).value(), std::move(header), timeout, std::move(interrupt));
+}
+
+c10::intrusive_ptr<c10d::Store> CloneRendezvousStore(c10d::Store& store) {
+  if (auto* local = dynamic_cast<LocalRendezvousStore*>(&store)) return local->clone();
+  if (auto* remote = dynamic_cast<RemoteRendezvousStore*>(&store)) return remote->clone();
+  throw std::invalid_argument("CloneRendezvousStore: not a rendezvous store");
 }
 
 }  // namespace troupe::broadcast

@@ -69,4 +69,9 @@ c10::intrusive_ptr<c10d::Store> ConnectRendezvous(transport::Network* network,
                                                   std::chrono::milliseconds timeout,
                                                   Interrupt interrupt);
 
+// What c10d::Store::clone() returns for a store made above (torch 2.7+ calls it; older
+// torch has no such method, hence this function for tests): a store on the same map, usable
+// from another thread, without the original's interrupt.
+c10::intrusive_ptr<c10d::Store> CloneRendezvousStore(c10d::Store& store);
+
 }  // namespace troupe::broadcast

@@ -157,6 +157,14 @@ TEST(Layout, RejectsBadTensorSets) {
   std::vector<uint8_t> buf(layout->total_bytes);
   NamedTensors changed{{"a", at::randn({5})}};
   EXPECT_EQ(PackTensors(changed, *layout, buf.data()).code(), Code::kInvalidArgument);
+  // Only CPU and CUDA tensors and streams (a meta tensor has no bytes at all).
+  const at::Device meta(at::kMeta);
+  auto on_meta = plan({{"m", at::empty({2}, at::TensorOptions().device(meta))}});
+  EXPECT_NE(msg(on_meta).find("only CPU and CUDA tensors"), std::string::npos) << msg(on_meta);
+  Status st = PackTensors(w, *layout, buf.data(), meta);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("only host or CUDA memory"), std::string::npos) << st.message();
+  EXPECT_FALSE(UnpackTensors(*layout, buf.data(), nullptr, nullptr, nullptr, meta).ok());
 }
 
 TEST(Layout, ValidateReceivedRejectsInconsistentManifests) {

@@ -3,7 +3,8 @@
 //
 //   * a communicator whose peer never arrives is aborted at the deadline, not
 //     waited on (the no-hang guarantee, one GPU);
-//   * a single-rank group runs the whole staging + ncclBroadcast path (one GPU);
+//   * a single-rank group runs the whole staging + ncclBroadcast path (one GPU), and
+//     moves a stream packed from CUDA tensors into device memory with no staging;
 //   * with G >= 2 GPUs: the learner on GPU 0 and G-1 (up to 4) receiver
 //     processes on the others get every version bit-exact, and a receiver
 //     SIGKILLed mid-broadcast is dropped while the rest go on.
@@ -88,6 +89,34 @@ TEST(Nccl, SingleRankRunsStagingAndBroadcast) {
   ASSERT_TRUE(PackTensors(w, *layout, flat.data()).ok());
   Status st = (*g)->Transfer(flat.data(), *layout, Deadline::InMs(30000), [] { return false; });
   EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// A stream already in the GPU's memory (PackTensors into a device stream) moves with no staging
+// buffer; what lands unpacks into CUDA tensors equal to what was packed.
+TEST(Nccl, SingleRankMovesADeviceStreamWithoutStaging) {
+  REQUIRE_GPUS(1);
+  auto id = NcclGroup::NewUniqueId();
+  ASSERT_TRUE(id.ok());
+  auto g = NcclGroup::Form(*id, 0, 1, 0, Deadline::InMs(30000), [] { return false; });
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const at::Device cuda(at::kCUDA, 0);
+  NamedTensors host = MakeWeights(Seed(), 2, kSpec);
+  NamedTensors w;
+  for (const auto& [name, t] : host) w.emplace_back(name, t.to(cuda));
+  auto layout = PlanLayout(w, WireDtype::kAsStored, 1 << 20, 1 << 18);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  uint8_t* flat = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&flat), layout->total_bytes), cudaSuccess);
+  std::shared_ptr<void> owner(flat, [](void* p) { cudaFree(p); });
+  ASSERT_TRUE(PackTensors(w, *layout, flat, cuda).ok());
+  Status st = (*g)->Transfer(flat, *layout, Deadline::InMs(30000), [] { return false; });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto got = UnpackTensors(*layout, flat, owner, nullptr, nullptr, cuda);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  NamedTensors back;
+  for (const auto& [name, t] : *got) back.emplace_back(name, t.to(at::kCPU));
+  Status same = CompareWeights(back, host, WireDtype::kAsStored);
+  EXPECT_TRUE(same.ok()) << same.ToString();
 }
 
 TEST(Nccl, LearnerAloneBroadcasts) {

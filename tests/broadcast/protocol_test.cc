@@ -387,6 +387,9 @@ TEST_F(ProtocolTest, ForgedChunksAndForeignMessagesAreRefusedAndCounted) {
 
 // ----------------------------------------------------------------- the gloo rendezvous
 
+// Store values (torch 2.x adds a set(key, std::string) overload: a bare {1, 2} is ambiguous).
+using Bytes = std::vector<uint8_t>;
+
 TEST_F(ProtocolTest, TheRendezvousStoreAnswersMembersOnlyAndOnlyUnderItsPrefix) {
   Actor learner = MakeActor("learner"), member = MakeActor("r0"), stranger = MakeActor("eve");
   auto server = RendezvousServer::Start(&learner.net(), "127.0.0.1", {"learner", 1},
@@ -395,13 +398,13 @@ TEST_F(ProtocolTest, TheRendezvousStoreAnswersMembersOnlyAndOnlyUnderItsPrefix) 
   auto t = std::chrono::milliseconds(500);
   {
     auto store = ConnectRendezvous(&member.net(), (*server)->endpoint(), {"r0", 2}, t, nullptr);
-    store->set("troupe/weights/1/secret/a", {1, 2, 3});
+    store->set("troupe/weights/1/secret/a", Bytes{1, 2, 3});
     EXPECT_EQ(store->get("troupe/weights/1/secret/a"), (std::vector<uint8_t>{1, 2, 3}));
     EXPECT_EQ(store->add("troupe/weights/1/secret/n", 5), 5);
     // The learner's side sees the same map, and a value set there is seen by the member.
     auto local = (*server)->LocalStore(t, nullptr);
     EXPECT_EQ(local->get("troupe/weights/1/secret/a"), (std::vector<uint8_t>{1, 2, 3}));
-    local->set("troupe/weights/1/secret/b", {9});
+    local->set("troupe/weights/1/secret/b", Bytes{9});
     EXPECT_EQ(store->get("troupe/weights/1/secret/b"), std::vector<uint8_t>{9});
     try {
       store->get("troupe/weights/2/other");
@@ -429,6 +432,31 @@ TEST_F(ProtocolTest, TheRendezvousStoreAnswersMembersOnlyAndOnlyUnderItsPrefix) 
   }
   EXPECT_EQ((*server)->refused(), 2u);  // the foreign key and the stranger
   EXPECT_EQ(learner.net().counters().rejected_count(RejectReason::kUnexpected), 2u);
+}
+
+// Newer torch clones stores (c10d::Store::clone) to use them from its own threads: a clone of
+// either side sees and changes the same map, over its own connection for a member.
+TEST_F(ProtocolTest, ClonedRendezvousStoresShareTheMap) {
+  Actor learner = MakeActor("learner"), member = MakeActor("r0");
+  auto server = RendezvousServer::Start(&learner.net(), "127.0.0.1", {"learner", 1},
+                                        "troupe/weights/1/secret", {"r0"});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto t = std::chrono::milliseconds(2000);
+  auto store = ConnectRendezvous(&member.net(), (*server)->endpoint(), {"r0", 2}, t, nullptr);
+  auto local = (*server)->LocalStore(t, nullptr);
+  auto remote_clone = CloneRendezvousStore(*store);
+  auto local_clone = CloneRendezvousStore(*local);
+  remote_clone->set("troupe/weights/1/secret/x", Bytes{4, 2});
+  EXPECT_EQ(store->get("troupe/weights/1/secret/x"), (std::vector<uint8_t>{4, 2}));
+  EXPECT_EQ(local_clone->get("troupe/weights/1/secret/x"), (std::vector<uint8_t>{4, 2}));
+  local_clone->set("troupe/weights/1/secret/y", Bytes{7});
+  EXPECT_EQ(remote_clone->get("troupe/weights/1/secret/y"), std::vector<uint8_t>{7});
+  EXPECT_EQ(remote_clone->add("troupe/weights/1/secret/n", 3), 3);
+  EXPECT_EQ(store->add("troupe/weights/1/secret/n", 1), 4);
+  // The clone lives on after the original is gone.
+  store.reset();
+  EXPECT_EQ(remote_clone->get("troupe/weights/1/secret/y"), std::vector<uint8_t>{7});
+  EXPECT_EQ((*server)->refused(), 0u);
 }
 
 }  // namespace

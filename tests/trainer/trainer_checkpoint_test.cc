@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -20,6 +21,8 @@
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include "../common/temp_dir.h"
 #include "test_util.h"
@@ -220,6 +223,69 @@ TEST(Checkpoint, DamagedOrMismatchedCheckpointsAreClearErrors) {
   // A busy learner refuses to load.
   ASSERT_TRUE(l->Offer(FixedBatches(1)[0]).ok());
   EXPECT_THAT(l->LoadCheckpoint(dir.path()).message(), HasSubstr("idle"));
+}
+
+// Rewrites state.json of checkpoint `dir`: `edit` changes its JSON.
+void EditState(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  const fs::path p = fs::path(dir) / "state.json";
+  std::ifstream in(p);
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  edit(j);
+  std::ofstream(p, std::ios::trunc) << j.dump(2);
+}
+
+// optimizer.pt is torch's own archive (1.13 keys the state by hex addresses, 2.2+ parses
+// decimal ones): a checkpoint written by another torch major.minor is refused, naming both.
+TEST(Checkpoint, CheckpointOfAnotherTorchVersionIsRefused) {
+  TempDir dir;
+  auto src = Make(ResumeConfig(), 1);
+  ASSERT_TRUE(src->SupervisedStep(Demos()).ok());
+  auto path = src->SaveCheckpoint(dir.path());
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  std::string stamped;
+  EditState(*path, [&](nlohmann::json& j) { stamped = j.at("torch_version"); });
+  EXPECT_EQ(stamped, TORCH_VERSION);
+
+  const std::string other = fmt::format("{}.{}.0", TORCH_VERSION_MAJOR + 1, TORCH_VERSION_MINOR);
+  auto l = Make(ResumeConfig(), 2);
+  const auto before = l->NamedWeights()[0].second.clone();
+  EditState(*path, [&](nlohmann::json& j) { j["torch_version"] = other; });
+  Status st = l->LoadCheckpoint(*path);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("written by torch " + other));
+  EXPECT_THAT(st.message(), HasSubstr(std::string("this build uses torch ") + TORCH_VERSION));
+  EXPECT_THAT(st.message(), HasSubstr("state.json"));
+  EXPECT_TRUE(at::equal(before, l->NamedWeights()[0].second));  // nothing changed
+  EXPECT_EQ(l->version(), 0u);
+
+  // Another minor of the same major is another format too (2.1 -> 2.2 changed the keys).
+  const std::string minor = fmt::format("{}.{}.0", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR + 1);
+  EditState(*path, [&](nlohmann::json& j) { j["torch_version"] = minor; });
+  EXPECT_THAT(l->LoadCheckpoint(*path).message(), HasSubstr("written by torch " + minor));
+
+  // A junk stamp is a malformed file, not a version.
+  EditState(*path, [&](nlohmann::json& j) { j["torch_version"] = 113; });
+  st = l->LoadCheckpoint(*path);
+  EXPECT_EQ(st.code(), Code::kMalformed) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("torch_version"));
+
+  // A patch release reads its minor's archives (local suffixes such as +cu124 are ignored).
+  const std::string patch = fmt::format("{}.{}.99+cu999", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR);
+  EditState(*path, [&](nlohmann::json& j) { j["torch_version"] = patch; });
+  st = l->LoadCheckpoint(*path);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(l->version(), src->version());
+
+  // Checkpoints from before the stamp were all written by Debian's 1.13.
+  EditState(*path, [&](nlohmann::json& j) { j.erase("torch_version"); });
+  auto fresh = Make(ResumeConfig(), 3);
+  st = fresh->LoadCheckpoint(*path);
+  if (TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) {
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  } else {
+    EXPECT_THAT(st.message(), HasSubstr("written by torch 1.13"));
+  }
 }
 
 // ---------------------------------------------------------------- crash safety

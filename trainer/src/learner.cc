@@ -19,6 +19,7 @@
 // clip_grad.h relies on torch::Tensor being declared before it.
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/serialize/archive.h>
+#include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include "troupe/core/check.h"
@@ -38,6 +39,10 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 constexpr const char* kFormat = "troupe-learner-checkpoint/1";
+// The libtorch this binary is built with; state.json records the one that wrote optimizer.pt.
+constexpr const char* kTorchVersion = TORCH_VERSION;
+// Checkpoints from before the stamp was written: Troupe was built against Debian 12's 1.13 only.
+constexpr const char* kUnstampedTorchVersion = "1.13";
 // Batch ids remembered for deduplication (oldest forgotten first).
 constexpr size_t kSeenCapacity = 1 << 20;
 
@@ -152,6 +157,16 @@ PackedMicroBatch ToDevice(PackedMicroBatch mb, const at::Device& device) {
     *t = t->to(device, /*non_blocking=*/true);
   }
   return mb;
+}
+
+// The key of a parameter in Optimizer::state(): the string c10::guts::to_string makes of its
+// TensorImpl's address up to torch 2.1, the address itself since 2.2.
+auto OptimizerStateKey(const at::Tensor& p) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  return static_cast<void*>(p.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+#endif
 }
 
 }  // namespace
@@ -374,7 +389,9 @@ BatchFate FateOfRefusal(const Status& s) {
   return s.code() == Code::kStale ? BatchFate::kStale : BatchFate::kInvalid;
 }
 
-void Learner::ResetOptimizer() { state_->optimizer = MakeOptimizer(config_, state_->params); }
+void Learner::ResetOptimizer() {
+  state_->optimizer = MakeOptimizer(config_, state_->params);
+}
 
 std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
   MutexLock l(state_->mu);
@@ -570,7 +587,8 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
       groups[gid].first += gb.batch.rewards[i];
       groups[gid].second += 1;
     }
-    for (const auto& [gid, sn] : groups) m.group_rewards.push_back(sn.first / static_cast<double>(sn.second));
+    for (const auto& [gid, sn] : groups)
+      m.group_rewards.push_back(sn.first / static_cast<double>(sn.second));
   }
   if (reward_n > 0) {
     m.reward_mean = reward_sum / static_cast<double>(reward_n);
@@ -635,7 +653,8 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
     m.is_truncated_fraction = total.truncated / tokens;
     m.logprob_mismatch_mean = total.mismatch_sum / tokens;
     m.logprob_mismatch_max = total.mismatch_max;
-    for (double c : total.is_weight_histogram) m.is_weight_histogram.push_back(static_cast<int64_t>(std::llround(c)));
+    for (double c : total.is_weight_histogram)
+      m.is_weight_histogram.push_back(static_cast<int64_t>(std::llround(c)));
     if (!std::isfinite(m.loss)) {
       return Internal("non-finite loss {}: optimizer step skipped", m.loss);
     }
@@ -836,6 +855,35 @@ Status CountersFromJson(const nlohmann::json& j, LearnerCounters* c) {
   return Status::Ok();
 }
 
+// "2.6.0+cu124" -> "2.6": the part of a torch version that decides how optimizer.pt reads.
+std::string MajorMinor(const std::string& version) {
+  const size_t dot = version.find('.');
+  if (dot == std::string::npos) return version;
+  const size_t end = version.find_first_not_of("0123456789", dot + 1);
+  return version.substr(0, end == std::string::npos ? version.size() : end);
+}
+
+// optimizer.pt is a torch archive whose layout is torch's own: 1.13 keys the state by the
+// parameters' addresses in hex, 2.2+ parses decimal ones and would misassign a 1.13 archive
+// without an error. So a checkpoint is read only by the torch major.minor that wrote it.
+Status CheckTorchVersion(const nlohmann::json& j, const std::string& where) {
+  std::string saved = kUnstampedTorchVersion;
+  if (j.contains("torch_version")) {
+    if (!j["torch_version"].is_string() || j["torch_version"].get<std::string>().empty()) {
+      return Malformed("{}: 'torch_version' is not a version string", where);
+    }
+    saved = j["torch_version"].get<std::string>();
+  }
+  if (MajorMinor(saved) != MajorMinor(kTorchVersion)) {
+    return InvalidArgument(
+        "{}: the checkpoint was written by torch {} but this build uses torch {}; its optimizer "
+        "state (optimizer.pt) cannot be read across torch versions. Resume with the torch that "
+        "wrote it, or start a new run from its weights (warm_start.init_from)",
+        where, saved, kTorchVersion);
+  }
+  return Status::Ok();
+}
+
 Status WriteBytes(const std::string& path, const void* data, size_t size) {
   return WriteFileAtomic(path, std::string_view(static_cast<const char*>(data), size));
 }
@@ -880,6 +928,7 @@ Result<std::string> Learner::SaveCheckpoint(const std::string& root, const Check
   hooks.Stage("rng");
   nlohmann::json j;
   j["format"] = kFormat;
+  j["torch_version"] = kTorchVersion;
   j["version"] = version;
   j["step"] = step;
   j["schedule_step"] = counters.updates;
@@ -930,6 +979,7 @@ Status Learner::LoadCheckpoint(const std::string& path) {
       return Malformed("{}: '{}' missing or not an unsigned integer", file("state.json"), key);
     }
   }
+  TROUPE_RETURN_IF_ERROR(CheckTorchVersion(j, file("state.json")));
   if (!j.contains("counters") || !j["counters"].is_object()) {
     return Malformed("{}: 'counters' missing", file("state.json"));
   }
@@ -959,7 +1009,7 @@ Status Learner::LoadCheckpoint(const std::string& path) {
   std::unique_ptr<torch::optim::AdamW> optimizer = MakeOptimizer(config_, s.params);
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(file("optimizer.pt"));
+    archive.load_from(file("optimizer.pt"), s.device);  // a checkpoint may move devices
     optimizer->load(archive);
   } catch (const c10::Error& e) {
     return Malformed("{}: {}", file("optimizer.pt"), e.what_without_backtrace());
@@ -967,7 +1017,7 @@ Status Learner::LoadCheckpoint(const std::string& path) {
   // The archive must describe these parameters (load() does not check shapes).
   for (const auto& group_opts : optimizer->param_groups()) {
     for (const auto& p : group_opts.params()) {
-      auto it = optimizer->state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = optimizer->state().find(OptimizerStateKey(p));
       if (it == optimizer->state().end()) continue;
       const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
       if (st.exp_avg().sizes() != p.sizes()) {

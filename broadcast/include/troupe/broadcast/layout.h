@@ -11,6 +11,11 @@
 // A Layout travels as the WeightsManifest; ValidateReceived() checks one that
 // came off the wire before any byte is touched. All functions are pure and
 // thread-safe on distinct data.
+//
+// Devices: tensors may live on the CPU or on CUDA devices, and the stream itself
+// in host memory or in one CUDA device's memory (`flat_device`). torch copies
+// between them: CUDA tensors into a host stream cost one device-to-host copy,
+// into a device stream none through the host. Checksums need a host stream.
 #pragma once
 
 #include <cstdint>
@@ -77,14 +82,19 @@ struct Layout {
 // Top bit of Layout::transfer for a newcomer's catch-up (not a group epoch).
 inline constexpr uint64_t kCatchUpBit = uint64_t{1} << 63;
 
-// Plans the stream for `named`. Errors: empty or duplicate names, undefined or non-CPU
-// tensors, unsupported dtypes, bad bucket/chunk sizes.
+// Plans the stream for `named` (tensors on the CPU or CUDA devices). Errors: empty or
+// duplicate names, undefined, sparse or quantized tensors, tensors on other devices,
+// unsupported dtypes, bad bucket/chunk sizes.
 Result<Layout> PlanLayout(const NamedTensors& named, WireDtype wire_dtype, uint64_t bucket_bytes,
                           uint64_t chunk_bytes);
 
-// Copies (and down-casts) `named` into `flat` (layout.total_bytes bytes). `named` must
-// match the layout (same names, dtypes and shapes, in order); padding bytes are zeroed.
-Status PackTensors(const NamedTensors& named, const Layout& layout, uint8_t* flat);
+// Copies (and down-casts) `named` into `flat` (layout.total_bytes bytes of host memory, or
+// of CUDA memory when `flat_device` is a CUDA device). `named` must match the layout (same
+// names, dtypes and shapes, in order); padding bytes are zeroed. Into a host stream the
+// copies are complete on return; into a device stream they are queued on torch's current
+// stream of that device (a reader on another stream must wait for it: NcclGroup does).
+Status PackTensors(const NamedTensors& named, const Layout& layout, uint8_t* flat,
+                   at::Device flat_device = at::kCPU);
 
 // 64-bit checksum (not cryptographic: detects corruption, not tampering).
 uint64_t Checksum64(const void* data, size_t size, uint64_t seed = 0);
@@ -111,15 +121,17 @@ inline bool TraceChecksum(uint64_t version, uint64_t* last) {
 // Bytes of receiver memory needed to cast bfloat16 slots back to float32.
 uint64_t CastAreaBytes(const Layout& layout);
 
-// Tensors over `flat`. Slots stored in their own dtype are zero-copy views that keep
-// `flat_owner` alive; down-cast slots are cast back into `cast_area` (CastAreaBytes bytes,
-// kept alive by `cast_owner`; may be null when CastAreaBytes is 0).
+// Tensors over `flat` (memory of `flat_device`; the tensors live there). Slots stored in their
+// own dtype are zero-copy views that keep `flat_owner` alive; down-cast slots are cast back
+// into `cast_area` (CastAreaBytes bytes on the same device, kept alive by `cast_owner`; may
+// be null when CastAreaBytes is 0).
 Result<NamedTensors> UnpackTensors(const Layout& layout, const uint8_t* flat,
                                    std::shared_ptr<void> flat_owner, uint8_t* cast_area,
-                                   std::shared_ptr<void> cast_owner);
+                                   std::shared_ptr<void> cast_owner,
+                                   at::Device flat_device = at::kCPU);
 
 // Checksum over names, dtypes, shapes and bytes of a tensor set (tests and logs compare
-// what a receiver holds with what the learner sent).
+// what a receiver holds with what the learner sent). CUDA tensors are copied to the host.
 uint64_t DigestTensors(const NamedTensors& named);
 
 }  // namespace troupe::broadcast
