@@ -10,10 +10,21 @@ held-out accuracy curve and ends with one JSON line:
 {"warm_acc":..,"t90_s":..,"t95_s":..,"t100_s":..,"gen_tok_s":..,"train_tok_s":..}
 (times measured from the end of the warm start).
 
-Usage: /usr/bin/python3 bench/reference/grpo_reverse.py [--seed N] [--max-seconds S]
+It runs at its best on the same 2 cores Troupe uses: --threads 2 intra-op
+threads (default) with OMP_WAIT_POLICY=PASSIVE, AdamW betas (0.9, 0.99), PPO
+clip 0.2/0.28, gradient clip 1.0, token-level mean over the tokens of groups
+whose rewards differ (uniform groups carry no gradient and are skipped, an
+update with none is skipped), one on-policy update per batch. The recipe's
+remaining knobs (lr, negative-advantage scale, skipping) were picked by the
+sweep bench/reference/sweep_grpo_reverse.py (results in README).
+
+Usage: /usr/bin/python3 bench/reference/grpo_reverse.py [--seed N] [--max-seconds S] [--threads T]
 Needs Debian's python3-torch (scripts/install-deps.sh installs it).
 """
-import argparse, json, math, random, string, time
+import argparse, json, math, os, random, string, time
+# libgomp reads its wait policy when torch starts its thread pool: set it before importing torch
+# (spinning OpenMP threads would steal the core the other loop half needs).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -180,7 +191,15 @@ def main():
     ap.add_argument("--adv", choices=["grpo", "dr_grpo"], default="grpo")
     ap.add_argument("--neg-scale", type=float, default=1.0, help="multiplies negative advantages")
     ap.add_argument("--warmup", type=int, default=0, help="linear lr warmup updates")
+    ap.add_argument("--beta2", type=float, default=0.99, help="AdamW beta2 of the RL updates")
+    ap.add_argument("--clip-low", type=float, default=0.2)
+    ap.add_argument("--clip-high", type=float, default=0.28)
+    ap.add_argument("--skip-uniform", type=int, choices=[0, 1], default=1,
+                    help="1: tokens of uniform-reward groups leave the token mean (and an update with "
+                         "no informative group is skipped)")
+    ap.add_argument("--threads", type=int, default=2, help="intra-op threads (Troupe's job uses 2 cores)")
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed); rng = random.Random(a.seed)
     held = make_prompts(random.Random(12345), 200)
     model = Model()
@@ -195,11 +214,12 @@ def main():
     warm = evaluate(model, held)
     print(f"warm start: {a.warm_steps} steps, held-out exact match {warm:.3f}", flush=True)
     # RL starts with fresh AdamW moments, as the C++ learner does by default.
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2), weight_decay=0.0)
     gen = torch.Generator().manual_seed(a.seed)
     t0 = time.time(); gen_t = train_t = 0.0; gen_tok = train_tok = 0
     marks = {}
     step = 0
+    skipped = 0
     best = warm
     while time.time() - t0 < a.max_seconds:
         ps = make_prompts(rng, a.prompts, exclude=held)
@@ -216,18 +236,25 @@ def main():
             adv = adv / (rg.std(1, keepdim=True) + 1e-6)
         adv = adv.view(-1)
         adv = torch.where(adv < 0, adv * a.neg_scale, adv)
+        informative = (rg.max(1).values != rg.min(1).values).repeat_interleave(a.samples)
+        keep = informative if a.skip_uniform else torch.ones_like(informative)
+        if not bool(keep.any()):
+            skipped += 1  # no learning signal: no optimizer step (the learner does the same)
+            continue
         for g in opt.param_groups: g["lr"] = a.lr * min(1.0, (step + 1) / a.warmup) if a.warmup > 0 else a.lr
         tt = time.time()
-        ids, mask = pack(pids, rs)
+        rows = keep.nonzero().squeeze(1).tolist()
+        ids, mask = pack([pids[i] for i in rows], [rs[i] for i in rows])
+        adv = adv[rows]
         logits = model(ids)[:, :-1]
         logp = torch.log_softmax(logits / a.temperature, -1).gather(2, ids[:, 1:, None]).squeeze(2)
         # On-policy PPO-clip objective (ratio == 1 at the first and only update), token-level mean.
         ratio = torch.exp(logp - logp.detach())
-        obj = torch.min(ratio * adv[:, None], ratio.clamp(0.8, 1.28) * adv[:, None])
+        obj = torch.min(ratio * adv[:, None], ratio.clamp(1 - a.clip_low, 1 + a.clip_high) * adv[:, None])
         loss = -(obj * mask).sum() / mask.sum()
         opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step()
         train_t += time.time() - tt
-        train_tok += int(sum(len(p) + len(r) for p, r in zip(pids, rs)))
+        train_tok += int(sum(len(pids[i]) + len(rs[i]) for i in rows))
         step += 1
         if step % a.eval_every == 0:
             acc = evaluate(model, held); best = max(best, acc)
@@ -236,7 +263,8 @@ def main():
             for thr in (0.9, 0.95, 1.0):
                 if acc >= thr and thr not in marks: marks[thr] = el
             if acc >= a.target: break
-    res = {"warm_acc": warm, "best_acc": best, "steps": step,
+    res = {"warm_acc": warm, "best_acc": best, "steps": step, "skipped_updates": skipped,
+           "threads": a.threads, "lr": a.lr, "neg_scale": a.neg_scale, "skip_uniform": a.skip_uniform,
            "t90_s": marks.get(0.9), "t95_s": marks.get(0.95), "t100_s": marks.get(1.0),
            "gen_tok_s": gen_tok / max(gen_t, 1e-9), "train_tok_s": train_tok / max(train_t, 1e-9)}
     print(json.dumps(res))

@@ -2,6 +2,7 @@
 #include "troupe/broadcast/config.h"
 
 #include <cctype>
+#include "troupe/core/config_binder.h"
 
 namespace troupe::broadcast {
 namespace {
@@ -156,6 +157,43 @@ Status ReceiverConfig::Validate() const {
   if (max_bytes < (uint64_t{1} << 20))
     return InvalidArgument("max_bytes = {} below 1 MiB", max_bytes);
   return Status::Ok();
+}
+
+// Describe(): the YAML keys of the config structs, one documented line each
+// (troupe/core/config_binder.h).
+using config::Binder;
+using config::EnumField;
+
+void Describe(Binder& b, BroadcastConfig& c) {
+  EnumField<Backend>(
+      b, "backend", &c.backend, "gloo | nccl | zmq | shm",
+      [](Backend x) { return std::string(BackendName(x)); }, ParseBackend);
+  b.Field("bucket_bytes", &c.bucket_bytes, "bucket size tensors are packed into");
+  b.Field("chunk_bytes", &c.chunk_bytes, "pipelining unit of the chain paths");
+  EnumField<WireDtype>(
+      b, "wire_dtype", &c.wire_dtype, "float32 on the wire: as_stored | bfloat16",
+      [](WireDtype x) { return std::string(WireDtypeName(x)); }, ParseWireDtype);
+  b.Field("checksum", &c.checksum, "64-bit checksum per bucket, verified by receivers");
+  b.Field("timeout_ms", &c.timeout_ms,
+          "a broadcast step without progress this long fails; the group re-forms");
+  b.Field("heartbeat_ms", &c.heartbeat_ms, "learner <-> receiver ping interval");
+  b.Field("member_timeout_ms", &c.member_timeout_ms,
+          "a silent receiver is dropped from the next epoch");
+  b.Field("max_attempts", &c.max_attempts, "attempts per broadcast (re-forming the group between)");
+  EnumField<GlooAlgorithm>(
+      b, "gloo_algorithm", &c.gloo_algorithm, "gloo data path: chain | broadcast",
+      [](GlooAlgorithm x) { return std::string(GlooAlgorithmName(x)); }, ParseGlooAlgorithm);
+  EnumField<ZmqTopology>(
+      b, "zmq_topology", &c.zmq_topology, "zmq data path: chain | star",
+      [](ZmqTopology x) { return std::string(ZmqTopologyName(x)); }, ParseZmqTopology);
+  b.Field("nccl_device", &c.nccl_device, "CUDA device of the learner (nccl)");
+  b.Field("zmq_hwm_chunks", &c.zmq_hwm_chunks, "ZeroMQ high-water mark in chunks per data socket");
+  b.Field("allow_unauthenticated_gloo", &c.allow_unauthenticated_gloo,
+          "run gloo across nodes with CURVE on anyway: its TCP pairs are neither authenticated nor "
+          "encrypted (a host that reaches them can read or inject weights)");
+  b.Field("allow_unauthenticated_nccl", &c.allow_unauthenticated_nccl,
+          "run nccl across nodes with CURVE on anyway: NCCL's connections are neither "
+          "authenticated nor encrypted (a host that reaches them can read or inject weights)");
 }
 
 }  // namespace troupe::broadcast

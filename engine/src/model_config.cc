@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include "troupe/core/config_binder.h"
 
 namespace troupe::engine {
 
@@ -405,6 +406,46 @@ Result<std::string> ModelConfigToHfJson(const ModelConfig& c, std::string_view b
   auto back = ModelConfigFromHfJson(text);
   if (!back.ok()) return back.status().WithContext("config.json written for export");
   return text;
+}
+
+// Describe(): the YAML keys of the config structs, one documented line each
+// (troupe/core/config_binder.h).
+using config::Binder;
+using config::EnumField;
+
+void Describe(Binder& b, RopeScaling& c) {
+  b.Field("type", &c.type, "none | llama3 (Llama 3.1+ frequency-dependent RoPE scaling)");
+  b.Field("factor", &c.factor, "llama3: context extension factor (Llama 3.2: 32, 3.1: 8)");
+  b.Field("low_freq_factor", &c.low_freq_factor, "llama3: low-frequency wavelength threshold");
+  b.Field("high_freq_factor", &c.high_freq_factor, "llama3: high-frequency wavelength threshold");
+  b.Field("original_max_position_embeddings", &c.original_max_position_embeddings,
+          "llama3: pre-training context length");
+}
+void Describe(Binder& b, ModelConfig& c) {
+  b.Field("architecture", &c.architecture,
+          "llama | qwen2 (q/k/v biases) | qwen3 (per-head q/k RMSNorm): the Hugging Face "
+          "model_type");
+  b.Field("vocab_size", &c.vocab_size,
+          "token ids covered by embedding and head (0: the tokenizer's size)");
+  b.Field("d_model", &c.d_model, "residual stream width (hidden_size)");
+  b.Field("n_layers", &c.n_layers, "decoder layers");
+  b.Field("n_heads", &c.n_heads, "query heads");
+  b.Field("n_kv_heads", &c.n_kv_heads,
+          "key/value heads (grouped-query attention; divides n_heads)");
+  b.Field("head_dim", &c.head_dim, "per-head width (0: d_model / n_heads)");
+  b.Field("ffn_dim", &c.ffn_dim, "SwiGLU hidden width (intermediate_size)");
+  b.Field("max_seq_len", &c.max_seq_len,
+          "longest prompt + response the model serves (RoPE table, KV cache)");
+  b.Field("max_position_embeddings", &c.max_position_embeddings,
+          "positions the checkpoint declares, written on export (0: max_seq_len)");
+  b.Field("rope_theta", &c.rope_theta, "RoPE base frequency");
+  b.Section("rope_scaling", &c.rope_scaling, "RoPE frequency scaling (Hugging Face rope_scaling)");
+  b.Field("rms_norm_eps", &c.rms_norm_eps, "RMSNorm epsilon");
+  b.Field("tie_word_embeddings", &c.tie_word_embeddings, "output head shares the embedding matrix");
+  b.Field("attention_bias", &c.attention_bias, "q/k/v projections carry biases (Qwen2 style)");
+  EnumField<DType>(
+      b, "dtype", &c.dtype, "parameter and KV-cache dtype: float32 | bfloat16 | float16",
+      [](DType d) { return std::string(DTypeName(d)); }, ParseDType);
 }
 
 }  // namespace troupe::engine

@@ -3,8 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
+#include "troupe/core/config_binder.h"
 #include "troupe/envs/wordle.h"
 
 namespace troupe::envs {
@@ -32,24 +34,13 @@ Status CheckRange(const char* field, int64_t value, int64_t lo, int64_t hi) {
   return Status::Ok();
 }
 
-std::string JoinKinds() {
+std::string JoinKinds(const char* separator = ", ") {
   std::string out;
-  for (const auto& k : BuiltinTaskKinds()) out += (out.empty() ? "" : ", ") + k;
+  for (const auto& k : BuiltinTaskKinds()) out += (out.empty() ? "" : separator) + k;
   return out;
 }
 
 }  // namespace
-
-const std::vector<std::string>& BuiltinTaskKinds() {
-  static const std::vector<std::string> kinds = {
-      "reverse", "sort",      "add",      "word_problem", "gsm8k",
-      "jsonl",   "file_reverse", "file_sort", "wordle"};
-  return kinds;
-}
-
-bool IsMultiTurnKind(const std::string& kind) {
-  return kind == "file_reverse" || kind == "file_sort" || kind == "wordle";
-}
 
 Status WorkspaceConfig::Validate() const {
   if (root.empty() || root[0] != '/')
@@ -236,6 +227,89 @@ Status ValidateRewardRouting(const std::vector<TaskConfig>& tasks,
                              t.name, t.service);
   }
   return Status::Ok();
+}
+
+// Describe(): the YAML keys of the config structs, one documented line each
+// (troupe/core/config_binder.h).
+using config::Binder;
+using config::EnumField;
+
+void Describe(Binder& b, WorkspaceConfig& c) {
+  b.Field("root", &c.root, "directory under which each episode gets its own scratch dir");
+  b.Field("max_file_bytes", &c.max_file_bytes, "largest file the tools read or write whole");
+  b.Field("max_total_bytes", &c.max_total_bytes, "bytes all files of one workspace may hold");
+  b.Field("max_files", &c.max_files, "files and directories one workspace may hold");
+  b.Field("max_path_chars", &c.max_path_chars, "longest relative path a tool accepts");
+  b.Field("max_depth", &c.max_depth, "deepest directory nesting a path may have");
+  b.Field("max_list_entries", &c.max_list_entries, "entries `list` shows before cutting");
+}
+void Describe(Binder& b, TaskConfig& c) {
+  b.Field("name", &c.name, "task name samples carry and verifiers are looked up by");
+  static const std::string kind_doc = JoinKinds(" | ") + " (empty: name)";
+  b.Field("kind", &c.kind, kind_doc.c_str());
+  b.Field("seed", &c.seed, "seed of prompt generation and of the held-out split");
+  b.Field("eval_size", &c.eval_size, "held-out prompts");
+  b.Field("scoring", &c.scoring,
+          "exact | partial | numeric (final number, from \\boxed{} or ####) | external (reward "
+          "service)");
+  b.Field("prompt_style", &c.prompt_style,
+          "compact (short, for char models) | verbose (English instruction)");
+  b.Field("min_len", &c.min_len, "letters per word, at least (reverse, sort, file tasks)");
+  b.Field("max_len", &c.max_len, "letters per word, at most");
+  b.Field("min_digits", &c.min_digits, "digits per operand, at least (add)");
+  b.Field("max_digits", &c.max_digits, "digits per operand, at most (add)");
+  b.Field("max_number", &c.max_number, "largest number in word problems");
+  b.Field("word_length", &c.word_length, "secret word length for wordle (4 or 5)");
+  b.Field("path", &c.path, "JSONL file for kind jsonl");
+  b.Field("service", &c.service,
+          "reward service for this task's samples (empty: the default service)");
+  b.Field("tool_instructions", &c.tool_instructions,
+          "multi-turn: open with a system message listing the tools");
+  b.Section("workspace", &c.workspace, "scratch directory limits (file tasks)");
+}
+void Describe(Binder& b, EpisodeConfig& c) {
+  b.Field("max_turns", &c.max_turns, "assistant turns before the episode ends");
+  b.Field("max_response_tokens", &c.max_response_tokens,
+          "response tokens (model + environment) per episode");
+  b.Field("max_turn_tokens", &c.max_turn_tokens, "new tokens per assistant turn");
+  b.Field("max_tool_output_chars", &c.max_tool_output_chars,
+          "tool output shown to the model, at most");
+  b.Field("ascii_tool_output", &c.ascii_tool_output,
+          "replace non-printable bytes in tool output with '?'");
+}
+void Describe(Binder& b, RewardServiceConfig& c) {
+  b.Field("name", &c.name, "name samples route by");
+  b.Field("url", &c.url, "endpoint URL (POST JSON, answer {\"reward\": x})");
+  b.Field("timeout_ms", &c.timeout_ms, "limit of one HTTP attempt");
+  b.Field("max_attempts", &c.max_attempts, "attempts per sample");
+  b.Field("backoff_ms", &c.backoff_ms, "backoff before the 2nd attempt (doubles, jittered)");
+  b.Field("max_backoff_ms", &c.max_backoff_ms, "largest backoff");
+  b.Field("breaker_failures", &c.breaker_failures,
+          "circuit breaker: fail samples fast after this many in a row failed for the service's "
+          "own reasons (0: off)");
+  b.Field("breaker_cooldown_ms", &c.breaker_cooldown_ms,
+          "circuit breaker: fail fast this long, then probe with one request");
+  b.Field("on_failure", &c.on_failure,
+          "a sample the service could not score: zero (reward 0, trained) | drop (left out of "
+          "training, counted as dropped_unscored)");
+}
+void Describe(Binder& b, ChatConfig& c) {
+  b.Field("format", &c.format,
+          "auto (the model folder's chat template if it has one, else compact) | template | "
+          "compact | tagged");
+  std::map<std::string, std::string> vars(c.variables.begin(), c.variables.end());
+  b.Field("variables", &vars,
+          "chat template variables as JSON values, e.g. {enable_thinking: 'false'} "
+          "(Hugging Face's chat_template_kwargs)");
+  if (b.mode() == Binder::Mode::kRead) c.variables.assign(vars.begin(), vars.end());
+}
+void Describe(Binder& b, RewardClientConfig& c) {
+  b.List("services", &c.services, "external reward services");
+  b.Field("default_service", &c.default_service, "service for samples that name none");
+  b.Field("call_timeout_ms", &c.call_timeout_ms, "limit per sample, retries included");
+  b.Field("connect_timeout_ms", &c.connect_timeout_ms, "TCP connect limit");
+  b.Field("max_concurrency", &c.max_concurrency, "requests in parallel per batch");
+  b.Field("max_response_bytes", &c.max_response_bytes, "largest response body accepted");
 }
 
 }  // namespace troupe::envs

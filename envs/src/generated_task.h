@@ -2,6 +2,7 @@
 // stream with a disjoint held-out split.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -63,12 +64,27 @@ std::string RandomWord(Rng& rng, int64_t min_len, int64_t max_len);
 // Number of lowercase words with lengths in [min_len, max_len].
 double WordSpace(int64_t min_len, int64_t max_len);
 
-// Factories of the built-in kinds (tasks.cc dispatches on the kind).
-Result<std::unique_ptr<Task>> MakeTextTask(
-    const TaskConfig& config);  // reverse sort add word_problem gsm8k
-Result<std::unique_ptr<Task>> MakeWorkspaceTask(
-    const TaskConfig& config);                                           // file_reverse file_sort
-Result<std::unique_ptr<Task>> MakeWordleTask(const TaskConfig& config);  // wordle
-Result<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& config);   // jsonl
+// One built-in task kind: the name a job file gives as `kind:`, whether its tasks run
+// multi-turn episodes in a tool environment, and its factory. TaskKinds() (task.cc) is the
+// only list of kinds: validation, MakeTask, `troupe config-keys` and the docs' key list read it.
+struct TaskKind {
+  const char* name;
+  bool multi_turn;
+  Result<std::unique_ptr<Task>> (*make)(const TaskConfig& config);
+};
+const std::vector<TaskKind>& TaskKinds();
+
+// Constructs a task of type T and runs its Init() (the factory of most kinds).
+template <typename T>
+Result<std::unique_ptr<Task>> BuildTask(const TaskConfig& config) {
+  auto task = std::make_unique<T>(config);
+  TROUPE_RETURN_IF_ERROR(task->Init());
+  return std::unique_ptr<Task>(std::move(task));
+}
+
+// The kinds each family defines, appended to TaskKinds() in this order.
+void AddTextTaskKinds(std::vector<TaskKind>* kinds);       // text_tasks.cc: single-turn generated
+void AddMultiTurnTaskKinds(std::vector<TaskKind>* kinds);  // multi_turn_tasks.cc: tool episodes
+Result<std::unique_ptr<Task>> MakeJsonlTask(const TaskConfig& config);  // dataset.cc: kind jsonl
 
 }  // namespace troupe::envs::detail

@@ -408,22 +408,12 @@ class WordleTask final : public MultiTurnTask {
   const std::vector<ToolSpec>& Specs() const override { return WordleEnvironment::Specs(); }
 };
 
-template <typename T>
-Result<std::unique_ptr<Task>> Build(const TaskConfig& config) {
-  auto task = std::make_unique<T>(config);
-  TROUPE_RETURN_IF_ERROR(task->Init());
-  return std::unique_ptr<Task>(std::move(task));
-}
-
 }  // namespace
 
-Result<std::unique_ptr<Task>> MakeWorkspaceTask(const TaskConfig& config) {
-  if (config.effective_kind() == "file_reverse") return Build<FileReverseTask>(config);
-  return Build<FileSortTask>(config);
-}
-
-Result<std::unique_ptr<Task>> MakeWordleTask(const TaskConfig& config) {
-  return Build<WordleTask>(config);
+void AddMultiTurnTaskKinds(std::vector<TaskKind>* kinds) {
+  kinds->push_back({"file_reverse", true, &BuildTask<FileReverseTask>});
+  kinds->push_back({"file_sort", true, &BuildTask<FileSortTask>});
+  kinds->push_back({"wordle", true, &BuildTask<WordleTask>});
 }
 
 }  // namespace detail

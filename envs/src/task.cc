@@ -2,6 +2,7 @@
 #include "troupe/envs/tool_call.h"
 
 #include "generated_task.h"
+#include "troupe/core/check.h"
 #include "troupe/envs/tasks.h"
 
 namespace troupe::envs {
@@ -48,13 +49,44 @@ std::string ToolInstructions(const std::vector<ToolSpec>& tools) {
   return out;
 }
 
+namespace detail {
+const std::vector<TaskKind>& TaskKinds() {
+  static const std::vector<TaskKind> kinds = [] {
+    std::vector<TaskKind> k;
+    AddTextTaskKinds(&k);
+    k.push_back({"jsonl", false, &MakeJsonlTask});
+    AddMultiTurnTaskKinds(&k);
+    return k;
+  }();
+  return kinds;
+}
+
+const TaskKind* FindTaskKind(const std::string& name) {
+  for (const auto& k : TaskKinds())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+}  // namespace detail
+
+const std::vector<std::string>& BuiltinTaskKinds() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& k : detail::TaskKinds()) n.emplace_back(k.name);
+    return n;
+  }();
+  return names;
+}
+
+bool IsMultiTurnKind(const std::string& kind) {
+  const detail::TaskKind* k = detail::FindTaskKind(kind);
+  return k != nullptr && k->multi_turn;
+}
+
 Result<std::unique_ptr<Task>> MakeTask(const TaskConfig& config) {
-  TROUPE_RETURN_IF_ERROR(config.Validate());
-  const std::string& kind = config.effective_kind();
-  if (kind == "jsonl") return detail::MakeJsonlTask(config);
-  if (kind == "file_reverse" || kind == "file_sort") return detail::MakeWorkspaceTask(config);
-  if (kind == "wordle") return detail::MakeWordleTask(config);
-  return detail::MakeTextTask(config);
+  TROUPE_RETURN_IF_ERROR(config.Validate());  // refuses a kind that is not in the table
+  const detail::TaskKind* kind = detail::FindTaskKind(config.effective_kind());
+  TROUPE_CHECK(kind != nullptr);
+  return kind->make(config);
 }
 
 Result<std::shared_ptr<const TaskRegistry>> TaskRegistry::Create(

@@ -211,23 +211,14 @@ class Gsm8kTask final : public GeneratedTask {
   }
 };
 
-template <typename T>
-Result<std::unique_ptr<Task>> Build(const TaskConfig& config) {
-  auto task = std::make_unique<T>(config);
-  TROUPE_RETURN_IF_ERROR(task->Init());
-  return std::unique_ptr<Task>(std::move(task));
-}
-
 }  // namespace
 
-Result<std::unique_ptr<Task>> MakeTextTask(const TaskConfig& config) {
-  const std::string& kind = config.effective_kind();
-  if (kind == "reverse") return Build<ReverseTask>(config);
-  if (kind == "sort") return Build<SortTask>(config);
-  if (kind == "add") return Build<AddTask>(config);
-  if (kind == "word_problem") return Build<WordProblemTask>(config);
-  if (kind == "gsm8k") return Build<Gsm8kTask>(config);
-  return InvalidArgument("task '{}': '{}' is not a single-turn text kind", config.name, kind);
+void AddTextTaskKinds(std::vector<TaskKind>* kinds) {
+  kinds->push_back({"reverse", false, &BuildTask<ReverseTask>});
+  kinds->push_back({"sort", false, &BuildTask<SortTask>});
+  kinds->push_back({"add", false, &BuildTask<AddTask>});
+  kinds->push_back({"word_problem", false, &BuildTask<WordProblemTask>});
+  kinds->push_back({"gsm8k", false, &BuildTask<Gsm8kTask>});
 }
 
 }  // namespace troupe::envs::detail

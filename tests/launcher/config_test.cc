@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "troupe/launcher/config_binder.h"
+#include "troupe/core/config_binder.h"
 #include "troupe/launcher/job_spec.h"
 
 namespace troupe::launcher {

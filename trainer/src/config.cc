@@ -1,6 +1,7 @@
 #include "troupe/trainer/config.h"
 
 #include <cmath>
+#include "troupe/core/config_binder.h"
 
 namespace troupe::trainer {
 
@@ -124,6 +125,58 @@ Status LearnerConfig::Validate() const {
     return InvalidArgument("learner.keep_checkpoints = {} must be >= 1", keep_checkpoints);
   }
   return Status::Ok();
+}
+
+// Describe(): the YAML keys of the config structs, one documented line each
+// (troupe/core/config_binder.h).
+using config::Binder;
+using config::EnumField;
+
+void Describe(Binder& b, LearnerConfig& c) {
+  EnumField<AdvantageEstimator>(
+      b, "advantage", &c.advantage, "advantage estimator: grpo | dr_grpo | rloo",
+      [](AdvantageEstimator e) { return std::string(Name(e)); }, ParseAdvantageEstimator);
+  b.Field("advantage_eps", &c.advantage_eps, "added to the group std before dividing (grpo)");
+  b.Field("negative_advantage_scale", &c.negative_advantage_scale,
+          "scale of negative advantages (1: GRPO; 0: only better-than-average samples)");
+  b.Field("skip_uniform_groups", &c.skip_uniform_groups,
+          "skip groups whose rewards are all equal (no gradient)");
+  b.Field("clip_low", &c.clip_low, "PPO ratio clipped at 1 - clip_low");
+  b.Field("clip_high", &c.clip_high, "PPO ratio clipped at 1 + clip_high (clip-higher)");
+  b.Field("is_cap", &c.is_cap,
+          "cap of the behaviour importance weight (truncated IS for stale batches)");
+  EnumField<LossAggregation>(
+      b, "aggregation", &c.aggregation, "loss aggregation: token_mean | sequence_mean",
+      [](LossAggregation a) { return std::string(Name(a)); }, ParseLossAggregation);
+  b.Field("kl_coef", &c.kl_coef, "k3 KL penalty to the reference policy (0: off)");
+  b.Field("entropy_coef", &c.entropy_coef, "entropy bonus coefficient (0: off)");
+  b.Field("temperature", &c.temperature,
+          "temperature of the learner's log-probs (set from sampling.temperature)");
+  b.Field("lr", &c.lr, "peak learning rate (AdamW)");
+  b.Field("warmup_steps", &c.warmup_steps, "linear warmup updates");
+  b.Field("total_steps", &c.total_steps,
+          "updates until the cosine decay reaches min_lr_ratio * lr");
+  b.Field("min_lr_ratio", &c.min_lr_ratio, "floor of the cosine decay as a fraction of lr");
+  b.Field("weight_decay", &c.weight_decay, "AdamW weight decay");
+  b.Field("adam_beta1", &c.adam_beta1, "AdamW beta1");
+  b.Field("adam_beta2", &c.adam_beta2, "AdamW beta2");
+  b.Field("adam_eps", &c.adam_eps, "AdamW epsilon of RL updates (larger damps noisy parameters)");
+  b.Field("grad_clip", &c.grad_clip, "global gradient-norm clip (0: off)");
+  b.Field("micro_batch_tokens", &c.micro_batch_tokens,
+          "padded tokens per forward/backward micro-batch");
+  b.Field("updates_per_batch", &c.updates_per_batch, "optimizer updates per batch (PPO epochs)");
+  b.Field("max_policy_lag", &c.max_policy_lag,
+          "largest learner_version - batch_version accepted (unset: updates_per_batch - 1)");
+  b.Field("max_sequence_tokens", &c.max_sequence_tokens,
+          "longest prompt + response accepted (0: model limit)");
+  b.Field("supervised_lr", &c.supervised_lr, "learning rate of the supervised warm start");
+  b.Field("supervised_adam_eps", &c.supervised_adam_eps,
+          "AdamW epsilon of the supervised warm start");
+  b.Field("reset_optimizer_for_rl", &c.reset_optimizer_for_rl,
+          "start RL with fresh AdamW moments after the warm start");
+  b.Field("tune_allocator", &c.tune_allocator,
+          "keep freed memory in the process (glibc malloc tuning)");
+  b.Field("keep_checkpoints", &c.keep_checkpoints, "checkpoints kept");
 }
 
 }  // namespace troupe::trainer

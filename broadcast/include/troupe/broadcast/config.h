@@ -17,6 +17,10 @@
 
 #include "troupe/core/status.h"
 
+namespace troupe::config {
+class Binder;
+}
+
 namespace troupe::broadcast {
 
 // How the bytes travel. See docs/broadcast.md for each backend's protocol.
@@ -156,5 +160,9 @@ struct ReceiverConfig {
 
   Status Validate() const;
 };
+
+// The YAML keys of these structs, each documented once (troupe/core/config_binder.h; the
+// launcher binds job files with them, `troupe config-keys` lists them).
+void Describe(config::Binder& b, BroadcastConfig& c);
 
 }  // namespace troupe::broadcast

@@ -17,6 +17,10 @@
 
 #include "troupe/core/status.h"
 
+namespace troupe::config {
+class Binder;
+}
+
 namespace troupe::engine {
 
 // Storage dtype of the model's parameters (and of the KV cache). Logits and
@@ -136,5 +140,10 @@ Result<ModelConfig> ModelConfigFromHfJson(std::string_view json_text, int64_t ma
 Result<std::string> ModelConfigToHfJson(const ModelConfig& config, std::string_view base_json,
                                         DType stored_dtype, int32_t bos_id = -1,
                                         const std::vector<int32_t>& eos_ids = {});
+
+// The YAML keys of these structs, each documented once (troupe/core/config_binder.h; the
+// launcher binds job files with them, `troupe config-keys` lists them).
+void Describe(config::Binder& b, ModelConfig& c);
+void Describe(config::Binder& b, RopeScaling& c);
 
 }  // namespace troupe::engine

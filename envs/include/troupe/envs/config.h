@@ -15,6 +15,10 @@
 
 #include "troupe/core/status.h"
 
+namespace troupe::config {
+class Binder;
+}
+
 namespace troupe::envs {
 
 // Per-episode scratch directory of the file tools (read, write, edit, list, submit).
@@ -173,9 +177,9 @@ struct RewardClientConfig {
   Status Validate() const;
 };
 
-// The built-in task kinds TaskConfig.kind accepts.
+// The built-in task kinds TaskConfig.kind accepts (from the one kind table, task.cc).
 const std::vector<std::string>& BuiltinTaskKinds();
-// True for the kinds played as multi-turn tool episodes (file_reverse, file_sort, wordle).
+// True for the kinds played as multi-turn tool episodes (the table marks them).
 bool IsMultiTurnKind(const std::string& kind);
 
 // Validates every task and that names are unique.
@@ -185,5 +189,14 @@ Status ValidateTasks(const std::vector<TaskConfig>& tasks);
 // default_service.
 Status ValidateRewardRouting(const std::vector<TaskConfig>& tasks,
                              const RewardClientConfig& client);
+
+// The YAML keys of these structs, each documented once (troupe/core/config_binder.h; the
+// launcher binds job files with them, `troupe config-keys` lists them).
+void Describe(config::Binder& b, TaskConfig& c);
+void Describe(config::Binder& b, WorkspaceConfig& c);
+void Describe(config::Binder& b, EpisodeConfig& c);
+void Describe(config::Binder& b, RewardServiceConfig& c);
+void Describe(config::Binder& b, RewardClientConfig& c);
+void Describe(config::Binder& b, ChatConfig& c);
 
 }  // namespace troupe::envs

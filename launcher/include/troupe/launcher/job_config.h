@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "troupe/broadcast/config.h"
+#include "troupe/core/config_binder.h"
 #include "troupe/core/status.h"
 #include "troupe/engine/engine_config.h"
 #include "troupe/engine/model_config.h"
 #include "troupe/engine/tokenizer.h"
 #include "troupe/envs/config.h"
-#include "troupe/launcher/config_binder.h"
 #include "troupe/launcher/job_spec.h"
 #include "troupe/trainer/config.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/launcher/config_binder.h"
+#include "troupe/core/config_binder.h"
 
 namespace troupe::launcher {
 

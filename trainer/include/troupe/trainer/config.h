@@ -15,6 +15,10 @@
 
 #include "troupe/core/status.h"
 
+namespace troupe::config {
+class Binder;
+}
+
 namespace troupe::trainer {
 
 // How a sequence's advantage is computed from the rewards of its group
@@ -144,5 +148,9 @@ struct LearnerConfig {
   // Checks every field; the error names the field, its value and the limit.
   Status Validate() const;
 };
+
+// The YAML keys of these structs, each documented once (troupe/core/config_binder.h; the
+// launcher binds job files with them, `troupe config-keys` lists them).
+void Describe(config::Binder& b, LearnerConfig& c);
 
 }  // namespace troupe::trainer

@@ -15,12 +15,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -103,6 +105,23 @@ class Binder {
   std::set<std::string> known_;
   std::shared_ptr<std::vector<std::string>> errors_ = std::make_shared<std::vector<std::string>>();
 };
+
+// An enum bound as its name: reading parses it (an unknown name is an error against `key`),
+// writing and documenting render it.
+template <typename E>
+void EnumField(Binder& b, const char* key, E* value, const char* doc,
+               std::function<std::string(E)> name,
+               std::function<Result<E>(std::string_view)> parse) {
+  std::string text = name(*value);
+  b.Field(key, &text, doc);
+  if (b.mode() == Binder::Mode::kRead) {
+    auto r = parse(text);
+    if (r.ok())
+      *value = *r;
+    else
+      b.Error(key, r.status().message());
+  }
+}
 
 // Reads `node` into `cfg` via Describe(); returns all errors (file and key named).
 template <typename S>

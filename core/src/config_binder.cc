@@ -1,4 +1,4 @@
-#include "troupe/launcher/config_binder.h"
+#include "troupe/core/config_binder.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -201,8 +201,7 @@ Result<YAML::Node> LoadYamlFile(const std::string& path) {
   if (!fs::exists(st)) return NotFound("config file '{}' does not exist", path);
   if (fs::is_directory(st))
     return InvalidArgument("config '{}' is a folder, not a YAML file", path);
-  if (!fs::is_regular_file(st))
-    return InvalidArgument("config '{}' is not a regular file", path);
+  if (!fs::is_regular_file(st)) return InvalidArgument("config '{}' is not a regular file", path);
   const uintmax_t size = fs::file_size(path, ec);
   if (!ec && size > kMaxConfigBytes)
     return InvalidArgument("config file '{}' is {} bytes; a job config is at most {}", path, size,
@@ -218,11 +217,10 @@ Result<YAML::Node> LoadYamlFile(const std::string& path) {
     // An empty file (or only comments) would start a job with every default:
     // almost certainly the wrong file.
     if (n.IsNull())
-      return InvalidArgument("config file '{}' is empty: it sets no keys (at least `name:`)",
-                             path);
+      return InvalidArgument("config file '{}' is empty: it sets no keys (at least `name:`)", path);
     if (!n.IsMap())
-      return InvalidArgument("config file '{}' is not a YAML mapping of keys (it holds a {})",
-                             path, n.IsSequence() ? "list" : "single value");
+      return InvalidArgument("config file '{}' is not a YAML mapping of keys (it holds a {})", path,
+                             n.IsSequence() ? "list" : "single value");
     return n;
   } catch (const YAML::ParserException& e) {
     return InvalidArgument("{}: line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1,
