@@ -30,6 +30,7 @@ void Describe(config::Binder& b, WorkspaceConfig& c);
 void Describe(config::Binder& b, EpisodeConfig& c);
 void Describe(config::Binder& b, RewardServiceConfig& c);
 void Describe(config::Binder& b, RewardClientConfig& c);
+void Describe(config::Binder& b, AgentsConfig& c);
 void Describe(config::Binder& b, ChatConfig& c);
 }  // namespace troupe::envs
 namespace troupe::broadcast {
@@ -219,6 +220,22 @@ void Describe(config::Binder& b, ChatConfig& c) {
           "chat template variables as JSON values, e.g. {enable_thinking: 'false'} "
           "(Hugging Face's chat_template_kwargs)");
   if (b.mode() == config::Binder::Mode::kRead) c.variables.assign(vars.begin(), vars.end());
+}
+void Describe(config::Binder& b, AgentsConfig& c) {
+  b.Field("default_server", &c.default_server,
+          "agent server for prompts whose agent_ref names none or an unknown one (\"\" = the "
+          "first by name)");
+  b.Field("run_timeout_ms", &c.run_timeout_ms, "limit of one /run attempt (a whole episode)");
+  b.Field("call_timeout_ms", &c.call_timeout_ms, "limit per episode, retries included");
+  b.Field("connect_timeout_ms", &c.connect_timeout_ms, "TCP connect limit of /run calls");
+  b.Field("max_attempts", &c.max_attempts,
+          "attempts per episode (unreachable, reset, 5xx, 408/429 are retried)");
+  b.Field("max_concurrency", &c.max_concurrency, "/run calls in flight per agent server");
+  b.Field("max_response_bytes", &c.max_response_bytes, "largest /run answer accepted");
+  b.Field("endpoint_max_n", &c.endpoint_max_n, "largest n the generation endpoint accepts");
+  b.Field("endpoint_threads", &c.endpoint_threads, "HTTP threads of the generation endpoint");
+  b.Field("endpoint_timeout_ms", &c.endpoint_timeout_ms,
+          "a model call waits this long for the engine at most (then 503)");
 }
 void Describe(config::Binder& b, RewardClientConfig& c) {
   b.List("services", &c.services, "external reward services");
@@ -604,6 +621,10 @@ void Describe(Binder& b, JobConfig& c) {
   }
   b.Section("episode", &c.episode, "multi-turn episode limits");
   b.Section("reward_services", &c.reward_services, "external HTTP reward services");
+  b.Field("agent_servers", &c.agents.servers,
+          "agent servers {name: url}: every group's episodes are played by POST {url}/run "
+          "through the rollout actors' generation endpoint (docs/envs.md)");
+  b.Section("agents", &c.agents, "limits of the agent-server path and its endpoint");
   b.Section("batch", &c.batch, "shape of one optimizer update's data");
   b.Section("sampling", &c.sampling, "how rollout actors sample");
   b.Section("engine", &c.engine, "generation engine of rollout actors and the evaluator");
@@ -652,6 +673,7 @@ void Describe(Binder& b, JobConfig& c) {
   Check(b, "tasks", envs::ValidateTasks(c.tasks));
   Check(b, "reward_services", envs::ValidateRewardRouting(c.tasks, c.reward_services));
   Check(b, "episode", c.episode.Validate());
+  Check(b, "agents", c.agents.Validate());
   const auto& bs = c.batch;
   if (bs.prompts_per_update == 0) b.Error("batch.prompts_per_update", "must be > 0");
   if (bs.samples_per_prompt == 0) b.Error("batch.samples_per_prompt", "must be > 0");
