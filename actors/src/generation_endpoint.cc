@@ -334,7 +334,8 @@ Status GenerationEndpoint::Impl::Start() {
   });
   // Anything else (unknown path, a body over the limit, ...) gets an OpenAI error body.
   server.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
-    if (!s.body.empty()) return;
+    if (!s.body.empty()) return;  // answered by Reply (already counted)
+    (s.status >= 500 ? server_errors : client_errors).fetch_add(1);
     ApiError e = MakeError(s.status, "invalid_request_error",
                            fmt::format("{} {}: HTTP {}", q.method, Printable(q.path, 80), s.status));
     if (s.status == 404) e.message = fmt::format("no route {} {}", q.method, Printable(q.path, 80));

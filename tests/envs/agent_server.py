@@ -148,8 +148,9 @@ def play(run):
             break
         if turn + 1 == ARGS.max_turns:
             break  # the built-in environment shows no output after the last turn
-        if m:
-            output.append({"type": "function_call_output", "call_id": call_id, "output": out_text})
+        # Every tool message the model is shown is an output item (a reply without a call
+        # gets the same "error: ..." answer the built-in environment gives).
+        output.append({"type": "function_call_output", "call_id": call_id, "output": out_text})
         messages.append({"role": "tool", "content": out_text})
     return {"responses_create_params": params, "response": {"output": output}, "reward": reward}
 
