@@ -696,7 +696,8 @@ SequenceRecord RolloutRole::RunAgentEpisode(const AgentJob& job, uint64_t* versi
   std::string body = envs::MakeRunBody(
       job.prompt.messages, job.prompt.id, job.task->name(), job.prompt.reference,
       job.prompt.metadata, endpoint_->BaseUrl(job.group), endpoint_token_, job_.name, episode_id,
-      job_.sampling.temperature, job_.sampling.top_p, job_.episode.max_turn_tokens);
+      job_.sampling.temperature, job_.sampling.top_p,
+      job.task->multi_turn() ? job_.episode.max_turn_tokens : job_.sampling.max_new_tokens);
   envs::AgentRunOutcome out = agents_->Run({job.server, std::move(body)},
                                            Deadline::InMs(job_.agents.call_timeout_ms));
   std::string kind, reason;

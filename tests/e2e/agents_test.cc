@@ -67,8 +67,10 @@ class AgentServer {
       proc_.reset();
     }
   }
-  std::string Override() const {
-    return "agent_servers={reference: \"http://127.0.0.1:" + std::to_string(port_) + "\"}";
+  // agent_servers naming this server; `mode` "/single" selects the single-turn agent.
+  std::string Override(const std::string& name = "reference", const std::string& mode = "") const {
+    return "agent_servers={" + name + ": \"http://127.0.0.1:" + std::to_string(port_) + mode +
+           "\"}";
   }
   std::map<std::string, json> Transcripts() const {
     std::map<std::string, json> out;
@@ -219,6 +221,37 @@ TEST(AgentServerJob, AgentServerKilledMidRunGivesZeroRewardsWithAReasonAndTheJob
       reason = true;
   }
   EXPECT_TRUE(reason) << "no failure reason naming the agent server in a rollout actor's log";
+}
+
+// Learning through the agent: the default reverse job (tiny_reverse.yaml), every
+// training episode played by the reference server's single-turn agent through
+// the endpoint; the learner's held-out evaluation (built-in, greedy) climbs from
+// the warm start to 0.6 as in EndToEnd.ShortJobLearnsWithinTheLagAndAccountsForEverything.
+TEST(AgentServerJob, HeldOutAccuracyRisesWhenEveryEpisodeComesFromTheAgent) {
+  fs::path dir = TestDir("agents-learn");
+  AgentServer agent(dir);
+  ASSERT_GT(agent.port(), 0);
+  Job job("tiny_reverse.yaml",
+          Short(1500, {agent.Override("single", "/single"), "eval.every_steps=20",
+                       "stop.target_accuracy=0.6"}),
+          dir);
+  auto e = job.Wait(900000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  auto warm = job.Metrics("warm_start");
+  auto evals = job.Metrics("eval");
+  ASSERT_EQ(warm.size(), 1u);
+  ASSERT_FALSE(evals.empty());
+  double start = warm[0].value("eval_accuracy", 0.0), best = 0;
+  for (auto& ev : evals) best = std::max(best, ev.value("eval_accuracy", 0.0));
+  EXPECT_LT(start, 0.55) << "the warm start alone was already close to the target";
+  EXPECT_GE(best, 0.6) << "held-out accuracy did not reach 0.6: warm start " << start << ", best "
+                       << best;
+  ExpectAccountingHolds(job);
+  auto rollouts = job.Finals("rollout");
+  ASSERT_FALSE(rollouts.empty());
+  EXPECT_GT(Sum(rollouts, "agent.single.ok"), 0) << rollouts[0].dump();
+  EXPECT_EQ(Sum(rollouts, "agent.single.mismatch"), 0) << rollouts[0].dump();
+  EXPECT_EQ(Sum(rollouts, "agent.single.failed"), 0) << rollouts[0].dump();
 }
 
 }  // namespace

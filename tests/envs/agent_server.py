@@ -23,6 +23,9 @@ endpoint it is handed, the way a NeMo Gym agent does:
             generation_log_probs), function_call_output; reward = positional credit of
             the submitted answer against the reversed word.
 
+POST /single/run plays any single-turn task: one model call with the task's
+messages, reward 1 when the reply (stripped) equals the task's reference, else 0.
+
 Faults by path prefix (the rollout actor POSTs {url}/run, so a server URL of
 http://host:port/fault/<kind> selects one):
   /fault/error/run          {"error": "..."} with reward 0
@@ -102,6 +105,25 @@ def run_tool(text, word):
         ans = args.get("answer", "")
         return None, ans if isinstance(ans, str) else ""
     return "error: unknown tool '%s' (tools: read, write, edit, list, submit)" % name, None
+
+
+def play_single(run):
+    params = run.get("responses_create_params") or {}
+    body = {"model": run.get("model") or params.get("model"), "messages": params.get("input") or [],
+            "max_tokens": int(params.get("max_output_tokens") or 16),
+            "temperature": params.get("temperature", 1.0), "top_p": params.get("top_p", 1.0)}
+    status, resp = call_model(run["base_url"], run.get("api_key", ""), body, ARGS.call_timeout)
+    if status != 200:
+        return {"error": "model call failed: HTTP %d %s" % (status, resp.get("error"))}
+    msg = resp["choices"][0]["message"]
+    text = msg.get("content") or ""
+    reference = (run.get("task") or {}).get("reference") or ""
+    item = dict(type="message", id="msg_0", role="assistant",
+                content=[{"type": "output_text", "text": text}],
+                **{k: msg[k] for k in ("prompt_token_ids", "generation_token_ids",
+                                       "generation_log_probs")})
+    return {"responses_create_params": params, "response": {"output": [item]},
+            "reward": 1.0 if text.strip() == reference.strip() else 0.0}
 
 
 def play(run):
@@ -208,7 +230,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(int(parts[2]), {"error": "as requested"})
         if fault == "slow":
             time.sleep(float(parts[2]))
-        result = play(run)
+        result = play_single(run) if parts[0] == "single" else play(run)
         model_items = [i for i in result.get("response", {}).get("output", [])
                        if "generation_log_probs" in i]
         if fault == "logprobs" and model_items:
