@@ -88,8 +88,7 @@ struct GenerationEndpoint::Impl {
     const std::string got = req.get_header_value("Authorization");
     if (got.size() != want.size()) return false;
     unsigned char diff = 0;  // constant time in the token's length
-    for (size_t i = 0; i < got.size(); ++i)
-      diff |= static_cast<unsigned char>(got[i] ^ want[i]);
+    for (size_t i = 0; i < got.size(); ++i) diff |= static_cast<unsigned char>(got[i] ^ want[i]);
     return diff == 0;
   }
 
@@ -132,8 +131,10 @@ std::optional<ApiError> GenerationEndpoint::Impl::ContextIds(const envs::Complet
     opening.push_back(r.messages[i].message);
   }
   if (opening.empty())
-    return MakeError(422, "invalid_request_error", "messages: no system or user message opens the "
-                     "conversation", "unrenderable");
+    return MakeError(422, "invalid_request_error",
+                     "messages: no system or user message opens the "
+                     "conversation",
+                     "unrenderable");
   auto p = renderer.RenderPrompt(opening);
   if (!p.ok()) return unrenderable("messages", p.status());
   *ids = std::move(p).value();
@@ -143,8 +144,9 @@ std::optional<ApiError> GenerationEndpoint::Impl::ContextIds(const envs::Complet
     if (m.message.role == envs::Role::kAssistant) {
       if (i + 1 == r.messages.size())
         return MakeError(422, "invalid_request_error",
-                         where + ": the conversation ends with an assistant message (continuing "
-                                 "a reply is not supported)",
+                         where +
+                             ": the conversation ends with an assistant message (continuing "
+                             "a reply is not supported)",
                          "unrenderable");
       if (!m.generation_token_ids.empty()) {
         // The ids the endpoint gave for this reply replace its re-rendering.
@@ -252,9 +254,9 @@ void GenerationEndpoint::Impl::Serve(const httplib::Request& req, httplib::Respo
   std::vector<envs::CompletionChoice> choices;
   for (auto& gr : results) {
     if (gr.finish_reason == engine::FinishReason::kRejected)
-      return Fail(res, MakeError(422, "invalid_request_error",
-                                 "the engine refused the request: " + gr.reject_reason,
-                                 "rejected"));
+      return Fail(res,
+                  MakeError(422, "invalid_request_error",
+                            "the engine refused the request: " + gr.reject_reason, "rejected"));
     if (gr.finish_reason == engine::FinishReason::kAborted)
       return Fail(res, MakeError(503, "server_error", "generation aborted: " + gr.reject_reason,
                                  "aborted"));
@@ -336,8 +338,9 @@ Status GenerationEndpoint::Impl::Start() {
   server.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
     if (!s.body.empty()) return;  // answered by Reply (already counted)
     (s.status >= 500 ? server_errors : client_errors).fetch_add(1);
-    ApiError e = MakeError(s.status, "invalid_request_error",
-                           fmt::format("{} {}: HTTP {}", q.method, Printable(q.path, 80), s.status));
+    ApiError e =
+        MakeError(s.status, "invalid_request_error",
+                  fmt::format("{} {}: HTTP {}", q.method, Printable(q.path, 80), s.status));
     if (s.status == 404) e.message = fmt::format("no route {} {}", q.method, Printable(q.path, 80));
     if (s.status == 413)
       e.message = fmt::format("request body over {} bytes", o.limits.max_body_bytes);
@@ -360,8 +363,8 @@ Status GenerationEndpoint::Impl::Start() {
 Result<std::unique_ptr<GenerationEndpoint>> GenerationEndpoint::Start(
     engine::Engine& engine, const envs::Renderer& renderer, envs::GenerationLedger& ledger,
     GenerationEndpointOptions options, std::function<bool()> ready) {
-  auto impl = std::make_unique<Impl>(engine, renderer, ledger, std::move(options),
-                                     ready ? std::move(ready) : [] { return true; });
+  auto impl = std::make_unique<Impl>(
+      engine, renderer, ledger, std::move(options), ready ? std::move(ready) : [] { return true; });
   Status s = impl->Start();
   if (!s.ok()) {
     if (impl->thread.joinable()) {

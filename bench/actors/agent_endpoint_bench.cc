@@ -101,8 +101,11 @@ int main(int argc, char** argv) {
   envs::EpisodeDriver driver(**eng, renderer, dc);
   std::vector<envs::EpisodeRequest> reqs;
   for (int i = 0; i < episodes; ++i)
-    reqs.push_back({task->get(), (*task)->GetPrompt(envs::Split::kTrain, static_cast<uint64_t>(i)),
-                    static_cast<uint64_t>(i), static_cast<uint64_t>(i), {}});
+    reqs.push_back({task->get(),
+                    (*task)->GetPrompt(envs::Split::kTrain, static_cast<uint64_t>(i)),
+                    static_cast<uint64_t>(i),
+                    static_cast<uint64_t>(i),
+                    {}});
 
   // ---- the agent path
   envs::GenerationLedger ledger;
@@ -173,8 +176,10 @@ int main(int argc, char** argv) {
   int64_t drv_tokens = 0, agt_tokens = 0, agt_failed = 0;
   std::vector<double> latencies;
   const std::string probe_url = (*ep)->BaseUrl() + "/completions";
-  const std::string probe_body = json({{"model", "policy"}, {"prompt", {1, 40, 41, 42, 43}},
-                                       {"max_tokens", 4}, {"temperature", 1.0}})
+  const std::string probe_body = json({{"model", "policy"},
+                                       {"prompt", {1, 40, 41, 42, 43}},
+                                       {"max_tokens", 4},
+                                       {"temperature", 1.0}})
                                      .dump();
   for (int round = 0; round < rounds; ++round) {
     auto t0 = Clock::now();
@@ -217,9 +222,10 @@ int main(int argc, char** argv) {
     }
   }
   const double drv_rate = drv_tokens / drv_s, agt_rate = agt_tokens / agt_s;
-  std::printf("episodes: %d; EpisodeDriver %.0f tok/s (%.2f s); agent server via endpoint %.0f "
-              "tok/s (%.2f s, %lld failed)\n",
-              episodes, drv_rate, drv_s, agt_rate, agt_s, static_cast<long long>(agt_failed));
+  std::printf(
+      "episodes: %d; EpisodeDriver %.0f tok/s (%.2f s); agent server via endpoint %.0f "
+      "tok/s (%.2f s, %lld failed)\n",
+      episodes, drv_rate, drv_s, agt_rate, agt_s, static_cast<long long>(agt_failed));
   std::printf("short completion under load: p50 %.1f ms, p99 %.1f ms (%zu requests)\n",
               Percentile(latencies, 0.5), Percentile(latencies, 0.99), latencies.size());
   json out = {{"bench", "agent_endpoint"},

@@ -141,8 +141,8 @@ Result<AgentTurn> TurnOf(const json& item, const std::string& where, size_t max_
   const json& lp = item["generation_log_probs"];
   if (!lp.is_array()) return InvalidArgument("{}.generation_log_probs is not a list", where);
   if (lp.size() != t.generation_ids.size())
-    return InvalidArgument("{}: {} generation ids but {} log-probs", where,
-                           t.generation_ids.size(), lp.size());
+    return InvalidArgument("{}: {} generation ids but {} log-probs", where, t.generation_ids.size(),
+                           lp.size());
   for (size_t i = 0; i < lp.size(); ++i) {
     if (!lp[i].is_number() || !std::isfinite(lp[i].get<double>()) || lp[i].get<double>() > 0)
       return InvalidArgument("{}.generation_log_probs[{}] is not a log-probability", where, i);
@@ -171,7 +171,8 @@ std::string ItemText(const json& item) {
     for (const auto& p : item["content"])
       if (p.is_object() && p.contains("text") && p["text"].is_string())
         s += p["text"].get<std::string>();
-  if (item.contains("content") && item["content"].is_string()) s = item["content"].get<std::string>();
+  if (item.contains("content") && item["content"].is_string())
+    s = item["content"].get<std::string>();
   return s;
 }
 
@@ -198,8 +199,8 @@ Status AgentsConfig::Validate() const {
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'))
         return InvalidArgument("agent_servers.{}: names are [A-Za-z0-9_-]", Printable(name, 64));
     if (url.rfind("http://", 0) != 0 && url.rfind("https://", 0) != 0)
-      return InvalidArgument("agent_servers.{}: url '{}' must start with http:// or https://",
-                             name, Printable(url, 80));
+      return InvalidArgument("agent_servers.{}: url '{}' must start with http:// or https://", name,
+                             Printable(url, 80));
   }
   if (!default_server.empty() && !servers.count(default_server))
     return InvalidArgument("agents.default_server '{}' is not in agent_servers",
@@ -219,7 +220,8 @@ Status AgentsConfig::Validate() const {
     return InvalidArgument("agents.endpoint_max_n must be in [1, 256]");
   if (endpoint_threads < 1 || endpoint_threads > 1024)
     return InvalidArgument("agents.endpoint_threads must be in [1, 1024]");
-  if (endpoint_timeout_ms <= 0) return InvalidArgument("agents.endpoint_timeout_ms must be positive");
+  if (endpoint_timeout_ms <= 0)
+    return InvalidArgument("agents.endpoint_timeout_ms must be positive");
   return Status::Ok();
 }
 
@@ -241,8 +243,7 @@ Result<AgentEpisode> ParseAgentResponse(std::string_view body, size_t max_tokens
   if (reward == doc.end() || !reward->is_number() || !std::isfinite(reward->get<double>()))
     return InvalidArgument("answer has no finite numeric \"reward\"");
   const json* output = nullptr;
-  if (doc.contains("response") && doc["response"].is_object() &&
-      doc["response"].contains("output"))
+  if (doc.contains("response") && doc["response"].is_object() && doc["response"].contains("output"))
     output = &doc["response"]["output"];
   if (!output || !output->is_array())
     return InvalidArgument("answer has no \"response\".\"output\" list");
@@ -301,7 +302,8 @@ std::string MakeRunBody(const Conversation& input, const std::string& prompt_id,
   json meta = metadata.empty() ? json::object() : json::parse(metadata, nullptr, false);
   if (meta.is_discarded() || !meta.is_object()) meta = json::object();
   json msgs = json::array();
-  for (const Message& m : input) msgs.push_back({{"role", RoleName(m.role)}, {"content", m.content}});
+  for (const Message& m : input)
+    msgs.push_back({{"role", RoleName(m.role)}, {"content", m.content}});
   json out = meta;  // the task row's own fields at top level (NeMo Gym rows)
   out["responses_create_params"] = {{"input", std::move(msgs)},
                                     {"model", model},
@@ -400,8 +402,8 @@ AgentRunOutcome AgentClient::Run(const AgentRunRequest& request, Deadline deadli
   for (int64_t attempt = 0; attempt < config_.max_attempts; ++attempt) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
     if (left <= 0) {
-      out.status = Timeout("agent server '{}': out of time after {} attempts", request.server,
-                           attempt);
+      out.status =
+          Timeout("agent server '{}': out of time after {} attempts", request.server, attempt);
       out.kind = "timeout";
       break;
     }
@@ -424,7 +426,8 @@ AgentRunOutcome AgentClient::Run(const AgentRunRequest& request, Deadline deadli
     std::this_thread::sleep_for(pause);
   }
   if (!out.status.ok())
-    out.status = out.status.WithContext(fmt::format("agent server '{}' ({})", request.server, s.url));
+    out.status =
+        out.status.WithContext(fmt::format("agent server '{}' ({})", request.server, s.url));
   {
     MutexLock l(s.mu);
     --s.in_flight;
@@ -543,14 +546,15 @@ Status GenerationLedger::Verify(const std::string& group, const AgentEpisode& ep
     }
     if (!match[t]) {
       if (same_ids)
-        return ProtocolError("model turn {}: generation_log_probs differ from the ones the "
-                                  "endpoint sampled with",
-                                  t);
-      return ProtocolError("model turn {}: the endpoint generated no such reply in this "
-                                "group ({} prompt ids, {} generation ids; {} generations "
-                                "recorded)",
-                                t, turn.prompt_ids.size(), turn.generation_ids.size(),
-                                gens.size());
+        return ProtocolError(
+            "model turn {}: generation_log_probs differ from the ones the "
+            "endpoint sampled with",
+            t);
+      return ProtocolError(
+          "model turn {}: the endpoint generated no such reply in this "
+          "group ({} prompt ids, {} generation ids; {} generations "
+          "recorded)",
+          t, turn.prompt_ids.size(), turn.generation_ids.size(), gens.size());
     }
     *oldest_version = std::min(*oldest_version, match[t]->policy_version);
   }

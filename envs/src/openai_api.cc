@@ -35,8 +35,7 @@ std::optional<ApiError> ReadInt(const json& doc, const char* key, int64_t lo, in
                                 int64_t* out, int status_over = 400) {
   auto it = doc.find(key);
   if (it == doc.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number_integer())
-    return Err(key, fmt::format("'{}' must be an integer", key));
+  if (!it->is_number_integer()) return Err(key, fmt::format("'{}' must be an integer", key));
   int64_t v = it->is_number_unsigned()
                   ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), INT64_MAX))
                   : it->get<int64_t>();
@@ -54,8 +53,8 @@ std::optional<ApiError> ReadIds(const json& v, const std::string& param, size_t 
                                 std::vector<int32_t>* out) {
   if (!v.is_array()) return Err(param, fmt::format("'{}' must be a list of token ids", param));
   if (v.size() > max) {
-    auto e = Err(param, fmt::format("'{}' has {} token ids; at most {} are accepted", param,
-                                    v.size(), max));
+    auto e = Err(
+        param, fmt::format("'{}' has {} token ids; at most {} are accepted", param, v.size(), max));
     e->status = 413;
     e->code = "context_length_exceeded";
     return e;
@@ -65,7 +64,8 @@ std::optional<ApiError> ReadIds(const json& v, const std::string& param, size_t 
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].is_number_integer() || v[i].get<int64_t>() < 0 ||
         v[i].get<int64_t>() > std::numeric_limits<int32_t>::max())
-      return Err(param, fmt::format("'{}'[{}] is not a token id (a non-negative integer)", param, i));
+      return Err(param,
+                 fmt::format("'{}'[{}] is not a token id (a non-negative integer)", param, i));
     out->push_back(static_cast<int32_t>(v[i].get<int64_t>()));
   }
   return std::nullopt;
@@ -131,8 +131,9 @@ std::optional<ApiError> ReadMessages(const json& doc, const ApiLimits& limits,
       auto p = m.find("prompt_token_ids");
       auto g = m.find("generation_token_ids");
       if ((p == m.end()) != (g == m.end()))
-        return Err(param, "an assistant message carries both prompt_token_ids and "
-                          "generation_token_ids or neither");
+        return Err(param,
+                   "an assistant message carries both prompt_token_ids and "
+                   "generation_token_ids or neither");
       if (p != m.end()) {
         if (auto e = ReadIds(*p, param + ".prompt_token_ids", limits.max_prompt_tokens,
                              &am.prompt_token_ids))
@@ -256,7 +257,8 @@ std::optional<ApiError> DecodeCompletionRequest(std::string_view body, bool chat
   if (auto e = ReadNumber(doc, "top_p", 0.0, 1.0, &out->top_p)) return e;
   if (out->top_p <= 0.0) return BadRequest("top_p", "'top_p' must be greater than 0");
   int64_t max_tokens = limits.default_max_tokens;
-  const char* mt_key = doc.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const char* mt_key =
+      doc.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (auto e = ReadInt(doc, mt_key, 1, limits.max_tokens, &max_tokens)) return e;
   out->max_tokens = static_cast<int32_t>(max_tokens);
   if (auto e = ReadStop(doc, limits, &out->stop)) return e;
@@ -300,7 +302,8 @@ std::string EncodeCompletionResponse(const CompletionRequest& request, const std
                   {"generation_token_ids", c.generation_ids},
                   {"generation_log_probs", c.logprobs},
                   {"policy_version", c.policy_version}};
-    json ch = {{"index", i}, {"finish_reason", c.finish_reason}, {"logprobs", LogprobsJson(request, c)}};
+    json ch = {
+        {"index", i}, {"finish_reason", c.finish_reason}, {"logprobs", LogprobsJson(request, c)}};
     if (request.chat) {
       json msg = {{"role", "assistant"}, {"content", c.text}};
       msg.update(train);

@@ -117,8 +117,12 @@ class EndpointTest : public ::testing::Test {
 };
 
 TEST_F(EndpointTest, CompletionsReturnTheTrainingFields) {
-  json req = {{"model", "policy"}, {"prompt", {1, 40, 41, 42}}, {"n", 2},
-              {"max_tokens", 6}, {"logprobs", 0}, {"seed", 7}};
+  json req = {{"model", "policy"},
+              {"prompt", {1, 40, 41, 42}},
+              {"n", 2},
+              {"max_tokens", 6},
+              {"logprobs", 0},
+              {"seed", 7}};
   Reply r = Post("/v1/completions", req);
   ASSERT_EQ(r.status, 200) << r.body.dump();
   EXPECT_EQ(r.body["object"], "text_completion");
@@ -143,7 +147,8 @@ TEST_F(EndpointTest, CompletionsReturnTheTrainingFields) {
   ASSERT_EQ(models.status, 200);
   EXPECT_EQ(models.body["data"][0]["id"], "policy");
   // A text prompt is encoded with BOS, as the renderer does.
-  Reply text = Post("/v1/completions", {{"model", "policy"}, {"prompt", "abc="}, {"max_tokens", 2}});
+  Reply text =
+      Post("/v1/completions", {{"model", "policy"}, {"prompt", "abc="}, {"max_tokens", 2}});
   ASSERT_EQ(text.status, 200) << text.body.dump();
   EXPECT_EQ(text.body["choices"][0]["prompt_token_ids"],
             json(*renderer_->RenderPrompt({{envs::Role::kUser, "abc"}})));
@@ -152,19 +157,21 @@ TEST_F(EndpointTest, CompletionsReturnTheTrainingFields) {
 TEST_F(EndpointTest, ChatRendersMessagesAndCarriedIdsExtendTheEarlierTurn) {
   envs::Conversation opening = {{envs::Role::kUser, "reverse the word in w.txt"}};
   json msgs = {{{"role", "user"}, {"content", opening[0].content}}};
-  Reply first = Post("/v1/chat/completions", {{"model", "policy"}, {"messages", msgs},
-                                               {"max_tokens", 8}, {"logprobs", true}});
+  Reply first =
+      Post("/v1/chat/completions",
+           {{"model", "policy"}, {"messages", msgs}, {"max_tokens", 8}, {"logprobs", true}});
   ASSERT_EQ(first.status, 200) << first.body.dump();
   const json& m1 = first.body["choices"][0]["message"];
   EXPECT_EQ(m1["prompt_token_ids"], json(*renderer_->RenderPrompt(opening)));
   EXPECT_EQ(first.body["choices"][0]["logprobs"]["content"].size(),
             m1["generation_token_ids"].size());
-  msgs.push_back({{"role", "assistant"}, {"content", m1["content"]},
+  msgs.push_back({{"role", "assistant"},
+                  {"content", m1["content"]},
                   {"prompt_token_ids", m1["prompt_token_ids"]},
                   {"generation_token_ids", m1["generation_token_ids"]}});
   msgs.push_back({{"role", "tool"}, {"content", "abc"}});
-  Reply second = Post("/v1/chat/completions", {{"model", "policy"}, {"messages", msgs},
-                                                {"max_tokens", 4}});
+  Reply second =
+      Post("/v1/chat/completions", {{"model", "policy"}, {"messages", msgs}, {"max_tokens", 4}});
   ASSERT_EQ(second.status, 200) << second.body.dump();
   std::vector<int32_t> want = m1["prompt_token_ids"].get<std::vector<int32_t>>();
   for (int32_t id : m1["generation_token_ids"].get<std::vector<int32_t>>()) want.push_back(id);
@@ -204,8 +211,7 @@ TEST_F(EndpointTest, RefusalsAreOpenAiErrorsAndTheEndpointKeepsServing) {
        json({{"model", "policy"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(),
        "s3cret", 422, "unrenderable"},
       {"/v1/chat/completions",
-       json({{"model", "policy"},
-             {"messages", {{{"role", "user"}, {"content", "\x01"}}}}}).dump(),
+       json({{"model", "policy"}, {"messages", {{{"role", "user"}, {"content", "\x01"}}}}}).dump(),
        "s3cret", 422, "unrenderable"},
       {"/g/closed/v1/completions", ok.dump(), "s3cret", 404, "group_closed"},
       {"/v1/nope", ok.dump(), "s3cret", 404, ""},
@@ -213,7 +219,8 @@ TEST_F(EndpointTest, RefusalsAreOpenAiErrorsAndTheEndpointKeepsServing) {
   const std::string base = "http://127.0.0.1:" + std::to_string(endpoint_->port());
   for (const auto& c : cases) {
     Reply r = Http(base + c.path, &c.body, c.token);
-    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body.substr(0, 80) << " -> " << r.body.dump();
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body.substr(0, 80) << " -> "
+                                  << r.body.dump();
     ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << c.path << r.body.dump();
     EXPECT_TRUE(r.body["error"]["message"].is_string());
     if (!c.code.empty()) {
@@ -265,8 +272,8 @@ class AgentPathTest : public EndpointTest {
                              24);
   }
 
-  envs::testing::ServerProcess server_{{"python3", TROUPE_AGENT_SERVER, "--max-turns", "3",
-                                        "--max-response-tokens", "100"}};
+  envs::testing::ServerProcess server_{
+      {"python3", TROUPE_AGENT_SERVER, "--max-turns", "3", "--max-response-tokens", "100"}};
   std::unique_ptr<envs::Task> task_;
 };
 
@@ -292,7 +299,8 @@ TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
     std::vector<std::vector<int32_t>> env_runs, model_runs;
     // Tool outputs after the last model turn (the episode ended) are in no turn's prompt.
     json items = answer["response"]["output"];
-    while (!items.empty() && !items.back().contains("generation_token_ids")) items.erase(items.size() - 1);
+    while (!items.empty() && !items.back().contains("generation_token_ids"))
+      items.erase(items.size() - 1);
     for (const auto& item : items) {
       if (item["type"] == "function_call_output") {
         auto ids = renderer_->RenderToolTurn(item["output"].get<std::string>());
@@ -360,7 +368,9 @@ TEST_F(AgentPathTest, ConcurrencyPerServerIsLimitedAndDeadlinesHold) {
   ledger_.Open("c");
   std::vector<std::thread> ts;
   for (int i = 0; i < 6; ++i)
-    ts.emplace_back([&, i] { client->Run({"ref", Body("c", static_cast<uint64_t>(i))}, Deadline::InMs(120000)); });
+    ts.emplace_back([&, i] {
+      client->Run({"ref", Body("c", static_cast<uint64_t>(i))}, Deadline::InMs(120000));
+    });
   for (auto& t : ts) t.join();
   json stats = json::parse(server_.Get("/stats"));
   EXPECT_LE(stats["max_inflight"].get<int>(), 2) << stats.dump();

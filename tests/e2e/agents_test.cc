@@ -24,13 +24,13 @@ namespace troupe::launcher {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using e2e::Eventually;
 using e2e::ExpectAccountingHolds;
 using e2e::Job;
 using e2e::Short;
 using e2e::SourceDir;
 using e2e::TestDir;
+using nlohmann::json;
 
 // The reference agent server on a free port, writing its transcripts to a file;
 // killed (by pid) when the test ends.
@@ -41,7 +41,8 @@ class AgentServer {
     out_ = (dir / "agent-server.out").string();
     transcripts_ = (dir / "transcripts.jsonl").string();
     SpawnOptions o;
-    o.argv = {"python3", SourceDir() + "/tests/envs/agent_server.py", "--port", "0",
+    o.argv = {"python3",       SourceDir() + "/tests/envs/agent_server.py",
+              "--port",        "0",
               "--transcripts", transcripts_};
     o.output_file = out_;
     auto p = Subprocess::Spawn(o);
@@ -182,7 +183,8 @@ TEST(AgentServerJob, TrainsOnAgentEpisodesWithEnvTokensMaskedTokenByToken) {
       if (seg["mask"] == 0) env_text.push_back(seg["text"].get<std::string>());
     ASSERT_EQ(env_text.size(), outputs.size()) << s.dump();
     for (size_t k = 0; k < outputs.size(); ++k) EXPECT_EQ(env_text[k], "\n" + outputs[k] + "=");
-    EXPECT_NEAR(s.value("reward", -1.0), it->second.value("reward", -2.0), 1e-6) << id;  // float32 on the wire
+    EXPECT_NEAR(s.value("reward", -1.0), it->second.value("reward", -2.0), 1e-6)
+        << id;  // float32 on the wire
     ++checked;
   }
   EXPECT_GT(checked, 0);

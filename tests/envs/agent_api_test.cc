@@ -97,8 +97,8 @@ TEST(OpenAiDecode, EveryRefusalNamesItsFieldAndStatus) {
       {R"({"model":"m","messages":[{"content":"x"}]})", true, 400, "messages[0].role"},
       {R"({"model":"m","messages":[{"role":"wizard","content":"x"}]})", true, 400,
        "messages[0].role"},
-      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true,
-       400, "messages[0].content[0]"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, 400,
+       "messages[0].content[0]"},
       {R"({"model":"m","messages":[{"role":"assistant","content":null,
            "tool_calls":[{"id":"c"}]}]})",
        true, 422, "messages[0].tool_calls"},
@@ -159,9 +159,14 @@ TEST(OpenAiDecode, FuzzedBodiesNeverCrash) {
       for (int k = 0; k < edits && !body.empty(); ++k) {
         size_t pos = rng() % body.size();
         switch (rng() % 3) {
-          case 0: body[pos] = alphabet[rng() % alphabet.size()]; break;
-          case 1: body.erase(pos, 1 + rng() % 4); break;
-          default: body.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+          case 0:
+            body[pos] = alphabet[rng() % alphabet.size()];
+            break;
+          case 1:
+            body.erase(pos, 1 + rng() % 4);
+            break;
+          default:
+            body.insert(pos, 1, alphabet[rng() % alphabet.size()]);
         }
       }
     }
@@ -256,9 +261,9 @@ TEST(AgentResponse, FailuresAreValuesOfTheirKind) {
   EXPECT_EQ(code({{"response", {{"output", {{{"type", "function_call_output"}}}}}}, {"reward", 0}}),
             Code::kCancelled);
   // Rewritten history: the second prompt drops a token of the first turn.
-  json rewritten = {{"reward", 1},
-                    {"response",
-                     {{"output", {Turn({1, 2}, {3, 4}, {-1, -1}), Turn({1, 2, 4, 9}, {5}, {-1})}}}}};
+  json rewritten = {
+      {"reward", 1},
+      {"response", {{"output", {Turn({1, 2}, {3, 4}, {-1, -1}), Turn({1, 2, 4, 9}, {5}, {-1})}}}}};
   auto s = ParseAgentResponse(rewritten.dump(), 1000).status();
   EXPECT_EQ(s.code(), Code::kProtocol);
   EXPECT_NE(s.message().find("rewritten"), std::string::npos) << s.ToString();
@@ -273,10 +278,10 @@ TEST(AgentResponse, FailuresAreValuesOfTheirKind) {
             Code::kInvalidArgument);
   EXPECT_EQ(code({{"reward", 1}, {"response", {{"output", {Turn({}, {2}, {-1})}}}}}),
             Code::kInvalidArgument);
-  EXPECT_EQ(ParseAgentResponse(json({{"reward", 1},
-                                     {"response", {{"output", {Turn({1, 2}, {3, 4}, {-1, -1})}}}}})
-                                   .dump(),
-                               3)
+  EXPECT_EQ(ParseAgentResponse(
+                json({{"reward", 1}, {"response", {{"output", {Turn({1, 2}, {3, 4}, {-1, -1})}}}}})
+                    .dump(),
+                3)
                 .status()
                 .code(),
             Code::kInvalidArgument);  // longer than the model's context
@@ -288,10 +293,11 @@ TEST(GenerationLedger, VerifiesTurnsAgainstWhatWasGenerated) {
   EXPECT_FALSE(ledger.Record("other", {}));
   ASSERT_TRUE(ledger.Record("g", {{1, 2, 3}, {10, 11}, {-0.1f, -0.2f}, {5, 6}, 5}));
   ASSERT_TRUE(ledger.Record("g", {{1, 2, 3, 10, 11, 20}, {12}, {-0.3f}, {7}, 7}));
-  json ok = {{"reward", 1},
-             {"response",
-              {{"output",
-                {Turn({1, 2, 3}, {10, 11}, {-0.1, -0.2}), Turn({1, 2, 3, 10, 11, 20}, {12}, {-0.3})}}}}};
+  json ok = {
+      {"reward", 1},
+      {"response",
+       {{"output",
+         {Turn({1, 2, 3}, {10, 11}, {-0.1, -0.2}), Turn({1, 2, 3, 10, 11, 20}, {12}, {-0.3})}}}}};
   auto ep = ParseAgentResponse(ok.dump(), 100);
   ASSERT_TRUE(ep.ok());
   std::vector<uint64_t> versions;

@@ -42,8 +42,8 @@
 namespace troupe::actors {
 
 struct GenerationEndpointOptions {
-  std::string host = "127.0.0.1";  // bind and advertised address
-  int port = 0;                    // 0 = any free port
+  std::string host = "127.0.0.1";       // bind and advertised address
+  int port = 0;                         // 0 = any free port
   std::string model = "troupe-policy";  // the one model name served
   std::string token;                    // bearer token; must not be empty
   int threads = 32;                     // HTTP worker threads

@@ -91,12 +91,12 @@ struct AgentTurn {
 struct AgentEpisode {
   double reward = 0;
   std::vector<AgentTurn> turns;
-  std::vector<int32_t> prompt;     // the first turn's prompt ids
-  std::vector<int32_t> response;   // generations and environment tokens, in order
-  std::vector<float> logprobs;     // per response token (0 where mask is 0)
-  std::vector<uint8_t> mask;       // 1 = model token, 0 = environment token
-  std::vector<int32_t> turn_of;    // per response token: its model turn (-1 for env tokens)
-  std::string transcript;          // the output items' text, for rollouts.jsonl
+  std::vector<int32_t> prompt;    // the first turn's prompt ids
+  std::vector<int32_t> response;  // generations and environment tokens, in order
+  std::vector<float> logprobs;    // per response token (0 where mask is 0)
+  std::vector<uint8_t> mask;      // 1 = model token, 0 = environment token
+  std::vector<int32_t> turn_of;   // per response token: its model turn (-1 for env tokens)
+  std::string transcript;         // the output items' text, for rollouts.jsonl
 };
 
 // Parses a /run answer. Errors name the item and field ("output[3]: ...").
@@ -104,8 +104,8 @@ Result<AgentEpisode> ParseAgentResponse(std::string_view body, size_t max_tokens
 
 // What one /run call needs.
 struct AgentRunRequest {
-  std::string server;       // a name in AgentsConfig::servers
-  std::string body;         // the request JSON (MakeRunBody)
+  std::string server;  // a name in AgentsConfig::servers
+  std::string body;    // the request JSON (MakeRunBody)
 };
 
 // The /run body (see above). `metadata` is JSON object text ("" = {}).
@@ -121,25 +121,25 @@ std::string AgentRefOf(const std::string& metadata);
 
 // Counters of one agent server (monotonic).
 struct AgentServerStats {
-  uint64_t episodes = 0;     // episodes routed to it
-  uint64_t ok = 0;           // parsed and verified
-  uint64_t failed = 0;       // reward 0 with a reason (every kind below but retries)
-  uint64_t attempts = 0;     // HTTP attempts
-  uint64_t retries = 0;      // attempts after the first
-  uint64_t unreachable = 0;  // attempts: could not connect / connection reset
-  uint64_t timeouts = 0;     // attempts or episodes out of time
-  uint64_t http_status = 0;  // attempts answered with a non-2xx status
-  uint64_t malformed = 0;    // episodes whose answer could not be parsed
-  uint64_t agent_error = 0;  // episodes the agent reported as failed ("error", empty output)
-  uint64_t mismatch = 0;     // episodes whose tokens/log-probs differ from the endpoint's
-  uint64_t turns = 0;        // model turns of ok episodes
-  uint64_t max_in_flight = 0;  // most /run calls in flight at once
+  uint64_t episodes = 0;        // episodes routed to it
+  uint64_t ok = 0;              // parsed and verified
+  uint64_t failed = 0;          // reward 0 with a reason (every kind below but retries)
+  uint64_t attempts = 0;        // HTTP attempts
+  uint64_t retries = 0;         // attempts after the first
+  uint64_t unreachable = 0;     // attempts: could not connect / connection reset
+  uint64_t timeouts = 0;        // attempts or episodes out of time
+  uint64_t http_status = 0;     // attempts answered with a non-2xx status
+  uint64_t malformed = 0;       // episodes whose answer could not be parsed
+  uint64_t agent_error = 0;     // episodes the agent reported as failed ("error", empty output)
+  uint64_t mismatch = 0;        // episodes whose tokens/log-probs differ from the endpoint's
+  uint64_t turns = 0;           // model turns of ok episodes
+  uint64_t max_in_flight = 0;   // most /run calls in flight at once
   double latency_ms_total = 0;  // wall time of ok episodes
 };
 
 // Result of one episode's /run: the answer body, or why there is none.
 struct AgentRunOutcome {
-  Status status;     // ok: `body` holds a 2xx answer
+  Status status;  // ok: `body` holds a 2xx answer
   std::string body;
   std::string kind;  // on failure: unreachable | timeout | http_status | malformed
 };
