@@ -26,16 +26,21 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "batch_codec.h"
 #include "role_common.h"
 #include "roles.h"
+#include "troupe/actors/generation_endpoint.h"
 #include "troupe/broadcast/receiver.h"
 #include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
 #include "troupe/engine/engine.h"
+#include "troupe/envs/agent.h"
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/sampler.h"
+#include "troupe/envs/tool_call.h"
 #include "troupe/transport/reliable.h"
 
 namespace troupe::actors {
@@ -125,11 +130,33 @@ struct EpisodeGroup {
   uint64_t seed = 0;
 };
 
+// One episode of a group played by an agent server (see RunAgentEpisode).
+struct AgentJob {
+  uint64_t serial = 0;
+  size_t k = 0;              // sample index within the group
+  std::string group;         // ledger key (also in the endpoint URL the agent gets)
+  std::string server;        // agent server name
+  const envs::Task* task = nullptr;
+  envs::Prompt prompt;
+  uint64_t start_version = 0;
+};
+
+// The G episodes of an agent group as they finish (filled by agent workers).
+struct AgentGroupState {
+  Mutex mu;
+  FinishedGroup done TROUPE_GUARDED_BY(mu);
+  size_t left TROUPE_GUARDED_BY(mu) = 0;
+};
+
 class RolloutRole {
  public:
   RolloutRole(ActorRuntime& rt, transport::Network& net, JobContext& ctx)
       : rt_(rt), net_(net), ctx_(ctx), job_(ctx.job) {}
-  ~RolloutRole() { StopEpisodeWorkers(); }  // before the engine goes
+  ~RolloutRole() {  // before the engine goes
+    StopEpisodeWorkers();
+    StopAgentWorkers();
+    endpoint_.reset();
+  }
   Status Run();
 
  private:
@@ -143,11 +170,18 @@ class RolloutRole {
   void StopEpisodeWorkers();
   void EpisodeWorker(envs::EpisodeDriver* driver);
   void RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<EpisodeGroup> groups);
+  Status StartAgents();
+  void StopAgentWorkers();
+  void AgentWorker();
+  void QueueAgentGroup(uint64_t serial, const GroupInfo& g);
+  SequenceRecord RunAgentEpisode(const AgentJob& job, uint64_t* version);
   void CollectFinished();
   Status SendReady(bool flush_all);
   void UpdateStats();
   // Episode counters of every driver together ("episodes.submitted", ...).
   std::vector<std::pair<std::string, double>> EpisodeStats() const;
+  // Agent-server and endpoint counters ("agent.<server>.*", "endpoint.*").
+  std::vector<std::pair<std::string, double>> AgentStats() const;
   void Drain();
   void ReturnCredits();
   void OnOutcome(const transport::DeliveryOutcome& o);
@@ -203,6 +237,20 @@ class RolloutRole {
   CondVar episode_cv_;
   std::deque<EpisodeGroup> episode_queue_ TROUPE_GUARDED_BY(episode_mu_);
   bool episode_stop_ TROUPE_GUARDED_BY(episode_mu_) = false;
+
+  // Agent servers (job_.agents.enabled()): the endpoint they call back, the
+  // /run client, what the endpoint generated per group, and /run workers.
+  std::unique_ptr<envs::AgentClient> agents_;
+  envs::GenerationLedger ledger_;
+  std::unique_ptr<GenerationEndpoint> endpoint_;
+  std::string endpoint_token_;
+  std::atomic<bool> weights_ready_{false};
+  std::vector<std::thread> agent_workers_;
+  Mutex agent_mu_;
+  CondVar agent_cv_;
+  std::deque<AgentJob> agent_queue_ TROUPE_GUARDED_BY(agent_mu_);
+  bool agent_stop_ TROUPE_GUARDED_BY(agent_mu_) = false;
+  std::map<uint64_t, std::shared_ptr<AgentGroupState>> agent_groups_ TROUPE_GUARDED_BY(agent_mu_);
 };
 
 Status RolloutRole::Setup() {
@@ -229,6 +277,7 @@ Status RolloutRole::Setup() {
   so.max_outbox_messages = job_.rollout_settings.outbox_messages;
   sender_ = std::make_unique<transport::ReliableSender>(&net_, so);
   sender_->SetOutcomeCallback([this](const transport::DeliveryOutcome& o) { OnOutcome(o); });
+  if (job_.agents.enabled()) TROUPE_RETURN_IF_ERROR(StartAgents());
   return Status::Ok();
 }
 
@@ -367,6 +416,16 @@ Status RolloutRole::SubmitGroups() {
     g.prompt = std::move(tp.prompt);
     g.prompt_text = ctx_.renderer->PromptText(g.prompt.messages);
     g.grant_learner = grant_learner_;
+    if (agents_) {
+      QueueAgentGroup(serial, g);
+      in_flight_[serial] = std::move(g);
+      --credits_;
+      if (!first_submit_) {
+        first_submit_ = std::chrono::steady_clock::now();
+        first_submit_cpu_ = ProcessCpuSeconds();
+      }
+      continue;
+    }
     if (g.task->multi_turn()) {
       if (episode_workers_.empty()) StartEpisodeWorkers();
       EpisodeGroup eg{serial, g.task, g.prompt,
@@ -528,6 +587,184 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
   for (size_t gi = 0; gi < groups.size(); ++gi) TROUPE_CHECK_EQ(left[gi], 0u);
 }
 
+Status RolloutRole::StartAgents() {
+  TROUPE_ASSIGN_OR_RETURN(agents_, envs::AgentClient::Create(job_.agents));
+  TROUPE_ASSIGN_OR_RETURN(endpoint_token_, RandomToken());
+  GenerationEndpointOptions eo;
+  eo.host = ctx_.bind_host;
+  eo.model = job_.name;
+  eo.token = endpoint_token_;
+  eo.threads = static_cast<int>(job_.agents.endpoint_threads);
+  eo.timeout_ms = job_.agents.endpoint_timeout_ms;
+  eo.limits.max_n = static_cast<int32_t>(job_.agents.endpoint_max_n);
+  eo.limits.max_tokens = job_.model.max_seq_len;
+  eo.limits.max_prompt_tokens = static_cast<size_t>(job_.model.max_seq_len);
+  eo.stop_ids = ctx_.stop_ids;
+  eo.top_k = job_.sampling.top_k;
+  eo.seed = DeriveSeed(job_.seed, id_ + "/endpoint", incarnation_);
+  TROUPE_ASSIGN_OR_RETURN(endpoint_,
+                          GenerationEndpoint::Start(*engine_, *ctx_.renderer, ledger_, eo,
+                                                    [this] { return weights_ready_.load(); }));
+  rt_.AddEndpoint("openai", endpoint_->BaseUrl());
+  // /run calls block for a whole episode: enough workers for every server's limit.
+  size_t workers = std::min<size_t>(
+      128, static_cast<size_t>(job_.agents.max_concurrency) * job_.agents.servers.size());
+  for (size_t i = 0; i < workers; ++i) agent_workers_.emplace_back(&RolloutRole::AgentWorker, this);
+  Log().info("{} agent server(s), {} /run workers; endpoint {}", job_.agents.servers.size(),
+             workers, endpoint_->BaseUrl());
+  return Status::Ok();
+}
+
+void RolloutRole::StopAgentWorkers() {
+  {
+    MutexLock l(agent_mu_);
+    agent_stop_ = true;
+  }
+  agent_cv_.notify_all();
+  if (agents_) agents_->Cancel();  // /run calls in flight end now
+  for (auto& t : agent_workers_) t.join();
+  agent_workers_.clear();
+}
+
+void RolloutRole::QueueAgentGroup(uint64_t serial, const GroupInfo& g) {
+  const size_t G = job_.batch.samples_per_prompt;
+  auto state = std::make_shared<AgentGroupState>();
+  {
+    MutexLock l(state->mu);
+    state->left = G;
+    state->done.serial = serial;
+    state->done.policy_version = UINT64_MAX;
+    state->done.seqs.resize(G);
+  }
+  const std::string group = fmt::format("{}-{:x}-{}", id_, incarnation_, serial);
+  ledger_.Open(group);
+  const std::string& server = job_.agents.Route(envs::AgentRefOf(g.prompt.metadata));
+  MutexLock l(agent_mu_);
+  agent_groups_[serial] = state;
+  for (size_t k = 0; k < G; ++k)
+    agent_queue_.push_back(AgentJob{serial, k, group, server, g.task, g.prompt, engine_->version()});
+  agent_cv_.notify_all();
+}
+
+void RolloutRole::AgentWorker() {
+  while (true) {
+    AgentJob job;
+    std::shared_ptr<AgentGroupState> state;
+    {
+      MutexLock l(agent_mu_);
+      agent_cv_.wait_until(
+          l, Clock::now() + std::chrono::milliseconds(200),
+          [&]() TROUPE_REQUIRES(agent_mu_) { return agent_stop_ || !agent_queue_.empty(); });
+      if (agent_stop_) return;
+      if (agent_queue_.empty()) continue;
+      job = std::move(agent_queue_.front());
+      agent_queue_.pop_front();
+      state = agent_groups_.at(job.serial);
+    }
+    uint64_t version = job.start_version;
+    SequenceRecord sr = RunAgentEpisode(job, &version);
+    bool last = false;
+    FinishedGroup f;
+    {
+      MutexLock l(state->mu);
+      state->done.policy_version = std::min(state->done.policy_version, version);
+      for (uint8_t m : sr.mask) {
+        state->done.tokens += m;
+        state->done.env_tokens += 1 - m;
+      }
+      state->done.seqs[job.k] = std::move(sr);
+      last = --state->left == 0;
+      if (last) f = std::move(state->done);
+    }
+    if (!last) continue;
+    ledger_.Close(job.group);  // the group's generations are no longer needed
+    {
+      MutexLock l(agent_mu_);
+      agent_groups_.erase(job.serial);
+    }
+    MutexLock l(done_mu_);
+    done_.push_back(std::move(f));
+  }
+}
+
+// Plays one episode through the agent server and turns its answer into a
+// record: the verified sequence, or (any failure) the prompt with one masked
+// EOS, reward 0 and the reason in the episode record.
+SequenceRecord RolloutRole::RunAgentEpisode(const AgentJob& job, uint64_t* version) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string episode_id = fmt::format("{}/{}", job.group, job.k);
+  std::string body = envs::MakeRunBody(
+      job.prompt.messages, job.prompt.id, job.task->name(), job.prompt.reference,
+      job.prompt.metadata, endpoint_->BaseUrl(job.group), endpoint_token_, job_.name, episode_id,
+      job_.sampling.temperature, job_.sampling.top_p,
+      job.task->multi_turn() ? job_.episode.max_turn_tokens : job_.sampling.max_new_tokens);
+  envs::AgentRunOutcome out = agents_->Run({job.server, std::move(body)},
+                                           Deadline::InMs(job_.agents.call_timeout_ms));
+  std::string kind, reason;
+  envs::AgentEpisode ep;
+  std::vector<uint64_t> versions;
+  uint64_t oldest = job.start_version;
+  if (!out.status.ok()) {
+    kind = out.kind;
+    reason = out.status.ToString();
+  } else {
+    auto parsed = envs::ParseAgentResponse(out.body, static_cast<size_t>(job_.model.max_seq_len));
+    if (!parsed.ok()) {
+      Code c = parsed.status().code();
+      kind = c == Code::kCancelled ? "agent_error" : c == Code::kProtocol ? "mismatch" : "malformed";
+      reason = parsed.status().ToString();
+    } else {
+      ep = std::move(parsed).value();
+      Status v = ledger_.Verify(job.group, ep, &versions, &oldest);
+      if (!v.ok()) {
+        kind = "mismatch";
+        reason = v.ToString();
+      }
+    }
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  agents_->RecordEpisode(job.server, kind, ep.turns.size(), ms);
+  nlohmann::json record = {{"score", kind.empty() ? ep.reward : 0.0},
+                           {"end", kind.empty() ? "agent" : "agent_failed"},
+                           {"turns", kind.empty() ? ep.turns.size() : 0}};
+  if (!kind.empty()) record["failure"] = fmt::format("agent {} ({}): {}", job.server, kind, reason);
+  nlohmann::json meta = nlohmann::json::parse(job.prompt.metadata.empty() ? "{}" : job.prompt.metadata,
+                                              nullptr, false);
+  nlohmann::json extra = {{"episode", record},
+                          {"agent", {{"server", job.server}, {"episode_id", episode_id}}},
+                          {"metadata", meta.is_discarded() ? nlohmann::json() : meta}};
+  SequenceRecord sr;
+  if (kind.empty()) {
+    sr = TokenRecord(std::move(ep.prompt), std::move(ep.response), std::move(ep.logprobs),
+                     std::move(ep.mask), std::move(versions), wire::FinishReason::SUBMITTED);
+    sr.response_text = ep.transcript;
+    *version = oldest;
+  } else {
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000, "episode {}: reward 0: {}", episode_id,
+                        record["failure"].get<std::string>());
+    auto ids = ctx_.renderer->RenderPrompt(job.prompt.messages);
+    std::vector<int32_t> prompt = ids.ok() ? std::move(ids).value()
+                                           : std::vector<int32_t>{ctx_.tokenizer->bos_id()};
+    sr = TokenRecord(std::move(prompt), {ctx_.tokenizer->eos_id()}, {0.0f}, {0}, {0},
+                     wire::FinishReason::REJECTED);
+    sr.reject_reason = record["failure"].get<std::string>();
+  }
+  DescribeSample(job.prompt, *job.task, &sr);
+  sr.prompt_text = ctx_.renderer->PromptText(job.prompt.messages);
+  sr.extra = envs::SafeDump(extra);
+  return sr;
+}
+
+std::vector<std::pair<std::string, double>> RolloutRole::AgentStats() const {
+  std::vector<std::pair<std::string, double>> out;
+  if (!agents_) return out;
+  out = agents_->StatsForMetrics();
+  auto more = endpoint_->StatsForMetrics();
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
 void RolloutRole::CollectFinished() {
   std::deque<FinishedGroup> got;
   {
@@ -546,7 +783,7 @@ void RolloutRole::CollectFinished() {
       in_flight_.erase(it);
       continue;
     }
-    if (!meta.task->multi_turn()) {
+    if (!meta.task->multi_turn() && !agents_) {
       for (auto& s : g.seqs) {
         DescribeSample(meta.prompt, *meta.task, &s);
         s.prompt_text = meta.prompt_text;
@@ -651,6 +888,7 @@ void RolloutRole::UpdateStats() {
       {"retransmits", static_cast<double>(st.retransmits)},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) stats[k] = v;
+  for (const auto& [k, v] : AgentStats()) stats[k] = v;
   AddDeliveryStats(nullptr, &st, &stats);
   rt_.SetStats(stats);
   rt_.SetPolicyVersion(engine_->version());
@@ -713,6 +951,7 @@ Status RolloutRole::Run() {
     SyncDirectory();
     if (!announced && receiver_ && receiver_->stats().delivered > 0) {
       announced = true;
+      weights_ready_ = true;
       Log().info("got weights version {}; generating", engine_->version());
     }
     RequestCredits();
@@ -729,6 +968,7 @@ Status RolloutRole::Run() {
   double active_cpu_s = first_submit_ ? ProcessCpuSeconds() - first_submit_cpu_ : 0;
   if (rt_.exit_reason() != ExitReason::kHeadLost) Drain();
   StopEpisodeWorkers();
+  StopAgentWorkers();
   uint64_t gen = generated_.load(), res = resolved_.load();
   std::map<std::string, double> final_metrics = {
       {"generated", static_cast<double>(gen)},
@@ -741,6 +981,7 @@ Status RolloutRole::Run() {
       {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
       {"rejected_groups", static_cast<double>(rejected_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) final_metrics[k] = v;
+  for (const auto& [k, v] : AgentStats()) final_metrics[k] = v;
   rt_.SendMetrics("final", 0, engine_->version(), final_metrics);
   rt_.SetStats({{"generated", static_cast<double>(gen)},
                 {"resolved", static_cast<double>(res)},

@@ -3,7 +3,22 @@
 #include <cmath>
 #include <exception>
 
+#include <nlohmann/json.hpp>
+
+#include "troupe/envs/episode.h"
+
 namespace troupe::envs {
+namespace {
+
+// Metadata of a sample an agent server played (rollout actor: {"episode", "agent", ...}).
+bool IsAgentRecord(const std::string& metadata) {
+  if (metadata.find("\"agent\"") == std::string::npos) return false;
+  auto doc = nlohmann::json::parse(metadata, nullptr, false);
+  return doc.is_object() && doc.contains("agent") && doc["agent"].is_object() &&
+         doc.contains("episode");
+}
+
+}  // namespace
 
 Result<std::unique_ptr<RewardScorer>> RewardScorer::Create(const std::vector<TaskConfig>& tasks,
                                                            const RewardClientConfig& client) {
@@ -45,7 +60,10 @@ std::vector<VerifyResult> RewardScorer::ScoreBatch(const std::vector<ScoreReques
   for (size_t i = 0; i < requests.size(); ++i) {
     const ScoreRequest& r = requests[i];
     const Task* task = tasks_->Find(r.task);
-    if (!task) {
+    if (IsAgentRecord(r.metadata)) {
+      // Played by an agent server: its reward (or failure) is in the episode record.
+      results[i] = VerifyFromEpisodeRecord("agent", r.metadata);
+    } else if (!task) {
       std::string known;
       for (const auto& n : tasks_->names()) known += (known.empty() ? "" : ", ") + n;
       results[i] = VerifyResult::Failure(

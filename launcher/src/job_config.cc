@@ -366,6 +366,10 @@ void Describe(Binder& b, JobConfig& c) {
   }
   b.Section("episode", &c.episode, "multi-turn episode limits");
   b.Section("reward_services", &c.reward_services, "external HTTP reward services");
+  b.Field("agent_servers", &c.agents.servers,
+          "agent servers {name: url}: every group's episodes are played by POST {url}/run "
+          "through the rollout actors' generation endpoint (docs/envs.md)");
+  b.Section("agents", &c.agents, "limits of the agent-server path and its endpoint");
   b.Section("batch", &c.batch, "shape of one optimizer update's data");
   b.Section("sampling", &c.sampling, "how rollout actors sample");
   b.Section("engine", &c.engine, "generation engine of rollout actors and the evaluator");
@@ -414,6 +418,7 @@ void Describe(Binder& b, JobConfig& c) {
   Check(b, "tasks", envs::ValidateTasks(c.tasks));
   Check(b, "reward_services", envs::ValidateRewardRouting(c.tasks, c.reward_services));
   Check(b, "episode", c.episode.Validate());
+  Check(b, "agents", c.agents.Validate());
   const auto& bs = c.batch;
   if (bs.prompts_per_update == 0) b.Error("batch.prompts_per_update", "must be > 0");
   if (bs.samples_per_prompt == 0) b.Error("batch.samples_per_prompt", "must be > 0");

@@ -82,6 +82,32 @@ TEST(JobConfig, BadValuesNameTheKeyAndFile) {
   }
 }
 
+TEST(JobConfig, AgentServersAreReadAndValidated) {
+  ConfigFile cfg("agents", "name: a\nagent_servers: {math: 'http://127.0.0.1:9/', code: "
+                           "'http://127.0.0.1:8'}\nagents: {max_concurrency: 4}\n");
+  auto c = LoadJobConfig(cfg.path(), {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->agents.enabled());
+  EXPECT_EQ(c->agents.servers.at("math"), "http://127.0.0.1:9/");
+  EXPECT_EQ(c->agents.max_concurrency, 4);
+  EXPECT_EQ(c->agents.Route("nope"), "code");
+  // Round trip through the resolved config.
+  ConfigFile resolved("agents-resolved", ResolvedConfigYaml(*c));
+  auto again = LoadResolvedConfig(resolved.path());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->agents.servers, c->agents.servers);
+  for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
+           {"agent_servers={x: 'ftp://h'}", "http://"},
+           {"agents.default_server=missing", "default_server"},
+           {"agents.max_attempts=0", "max_attempts"},
+           {"agents.run_timeout_ms=0", "run_timeout_ms"}}) {
+    auto bad = LoadJobConfig(cfg.path(), {set});
+    ASSERT_FALSE(bad.ok()) << set;
+    EXPECT_NE(bad.status().message().find(key), std::string::npos) << bad.status().message();
+    EXPECT_NE(bad.status().message().find("agents"), std::string::npos) << bad.status().message();
+  }
+}
+
 // Across nodes with CURVE on, the weight backends CURVE cannot cover (gloo's and NCCL's own
 // connections) are refused unless the user consents with a key that names what it gives up.
 TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {

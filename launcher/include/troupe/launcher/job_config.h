@@ -18,6 +18,7 @@
 #include "troupe/engine/engine_config.h"
 #include "troupe/engine/model_config.h"
 #include "troupe/engine/tokenizer.h"
+#include "troupe/envs/agent.h"
 #include "troupe/envs/config.h"
 #include "troupe/launcher/job_spec.h"
 #include "troupe/trainer/config.h"
@@ -161,6 +162,7 @@ struct JobConfig {
   std::vector<envs::TaskConfig> tasks;       // `task:` (one) or `tasks:` (several)
   envs::EpisodeConfig episode;               // multi-turn limits
   envs::RewardClientConfig reward_services;  // external reward services
+  envs::AgentsConfig agents;                 // agent_servers + agents.*: episodes from outside
   BatchSpec batch;
   SamplingSpec sampling;
   EngineSpec engine;

@@ -1,0 +1,385 @@
+// The generation endpoint on a real engine (small random model) over real HTTP,
+// and the reference agent server (a real Python process) playing episodes
+// through it: training fields, chat rendering and carried ids, every refusal,
+// the ledger's verification, and the /run client's failure kinds and limits.
+#include <curl/curl.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "../envs/server_process.h"
+#include "troupe/actors/generation_endpoint.h"
+#include "troupe/engine/engine.h"
+#include "troupe/engine/tokenizer.h"
+#include "troupe/envs/agent.h"
+#include "troupe/envs/renderer.h"
+#include "troupe/envs/tasks.h"
+
+namespace troupe::actors {
+namespace {
+
+using json = nlohmann::json;
+
+uint64_t Seed() {
+  static const uint64_t seed = [] {
+    uint64_t s = std::random_device{}();
+    std::printf("generation_endpoint_test seed: %llu\n", static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+struct Reply {
+  long status = 0;
+  json body;
+};
+
+size_t Append(char* d, size_t s, size_t n, void* u) {
+  static_cast<std::string*>(u)->append(d, s * n);
+  return s * n;
+}
+
+Reply Http(const std::string& url, const std::string* body, const std::string& token) {
+  Reply r;
+  std::string out;
+  CURL* h = curl_easy_init();
+  curl_slist* hdr = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (!token.empty()) hdr = curl_slist_append(hdr, ("Authorization: Bearer " + token).c_str());
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_PROXY, "");
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 60000L);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+  if (body) {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body->data());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(body->size()));
+  }
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, Append);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &out);
+  curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_slist_free_all(hdr);
+  curl_easy_cleanup(h);
+  r.body = json::parse(out, nullptr, false);
+  return r;
+}
+
+class EndpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = engine::CharTokenizer::Create(envs::PrintableAlphabet());
+    ASSERT_TRUE(tok.ok());
+    tokenizer_ = std::move(tok).value();
+    renderer_ = std::make_unique<envs::Renderer>(*tokenizer_, envs::ChatFormat::Compact());
+    engine::EngineConfig ec;
+    ec.model.vocab_size = tokenizer_->vocab_size();
+    ec.model.d_model = 32;
+    ec.model.n_layers = 2;
+    ec.model.n_heads = 4;
+    ec.model.n_kv_heads = 2;
+    ec.model.ffn_dim = 64;
+    ec.model.max_seq_len = 160;
+    ec.num_slots = 32;
+    auto model = std::make_shared<engine::LlamaModel>(ec.model, Seed());
+    auto e = engine::Engine::Create(ec, model);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    GenerationEndpointOptions o;
+    o.model = "policy";
+    o.token = "s3cret";
+    o.threads = 8;
+    o.limits.max_body_bytes = 64 * 1024;
+    o.limits.max_n = 4;
+    o.stop_ids = {tokenizer_->eos_id()};
+    auto ep = GenerationEndpoint::Start(*engine_, *renderer_, ledger_, o,
+                                        [this] { return ready_.load(); });
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    endpoint_ = std::move(ep).value();
+  }
+  void TearDown() override {
+    endpoint_.reset();
+    engine_.reset();
+  }
+  Reply Post(const std::string& path, const json& body, const std::string& token = "s3cret") {
+    std::string b = body.dump();
+    return Http("http://127.0.0.1:" + std::to_string(endpoint_->port()) + path, &b, token);
+  }
+
+  std::unique_ptr<engine::CharTokenizer> tokenizer_;
+  std::unique_ptr<envs::Renderer> renderer_;
+  std::unique_ptr<engine::Engine> engine_;
+  envs::GenerationLedger ledger_;
+  std::atomic<bool> ready_{true};
+  std::unique_ptr<GenerationEndpoint> endpoint_;
+};
+
+TEST_F(EndpointTest, CompletionsReturnTheTrainingFields) {
+  json req = {{"model", "policy"},
+              {"prompt", {1, 40, 41, 42}},
+              {"n", 2},
+              {"max_tokens", 6},
+              {"logprobs", 0},
+              {"seed", 7}};
+  Reply r = Post("/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["object"], "text_completion");
+  ASSERT_EQ(r.body["choices"].size(), 2u);
+  for (const auto& c : r.body["choices"]) {
+    EXPECT_EQ(c["prompt_token_ids"], json({1, 40, 41, 42}));
+    size_t n = c["generation_token_ids"].size();
+    EXPECT_GE(n, 1u);
+    EXPECT_LE(n, 6u);
+    ASSERT_EQ(c["generation_log_probs"].size(), n);
+    for (const auto& lp : c["generation_log_probs"]) EXPECT_LE(lp.get<double>(), 0.0);
+    EXPECT_EQ(c["logprobs"]["token_logprobs"], c["generation_log_probs"]);
+    EXPECT_EQ(c["policy_version"], 0);
+  }
+  // The same seed samples the same tokens (the sampler is seeded per request).
+  Reply again = Post("/v1/completions", req);
+  ASSERT_EQ(again.status, 200);
+  EXPECT_EQ(again.body["choices"][0]["generation_token_ids"],
+            r.body["choices"][0]["generation_token_ids"]);
+  Reply models = Http("http://127.0.0.1:" + std::to_string(endpoint_->port()) + "/v1/models",
+                      nullptr, "s3cret");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.body["data"][0]["id"], "policy");
+  // A text prompt is encoded with BOS, as the renderer does.
+  Reply text =
+      Post("/v1/completions", {{"model", "policy"}, {"prompt", "abc="}, {"max_tokens", 2}});
+  ASSERT_EQ(text.status, 200) << text.body.dump();
+  EXPECT_EQ(text.body["choices"][0]["prompt_token_ids"],
+            json(*renderer_->RenderPrompt({{envs::Role::kUser, "abc"}})));
+}
+
+TEST_F(EndpointTest, ChatRendersMessagesAndCarriedIdsExtendTheEarlierTurn) {
+  envs::Conversation opening = {{envs::Role::kUser, "reverse the word in w.txt"}};
+  json msgs = {{{"role", "user"}, {"content", opening[0].content}}};
+  Reply first =
+      Post("/v1/chat/completions",
+           {{"model", "policy"}, {"messages", msgs}, {"max_tokens", 8}, {"logprobs", true}});
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  const json& m1 = first.body["choices"][0]["message"];
+  EXPECT_EQ(m1["prompt_token_ids"], json(*renderer_->RenderPrompt(opening)));
+  EXPECT_EQ(first.body["choices"][0]["logprobs"]["content"].size(),
+            m1["generation_token_ids"].size());
+  msgs.push_back({{"role", "assistant"},
+                  {"content", m1["content"]},
+                  {"prompt_token_ids", m1["prompt_token_ids"]},
+                  {"generation_token_ids", m1["generation_token_ids"]}});
+  msgs.push_back({{"role", "tool"}, {"content", "abc"}});
+  Reply second =
+      Post("/v1/chat/completions", {{"model", "policy"}, {"messages", msgs}, {"max_tokens", 4}});
+  ASSERT_EQ(second.status, 200) << second.body.dump();
+  std::vector<int32_t> want = m1["prompt_token_ids"].get<std::vector<int32_t>>();
+  for (int32_t id : m1["generation_token_ids"].get<std::vector<int32_t>>()) want.push_back(id);
+  auto env = renderer_->RenderToolTurn("abc");
+  ASSERT_TRUE(env.ok());
+  want.insert(want.end(), env->begin(), env->end());
+  EXPECT_EQ(second.body["choices"][0]["message"]["prompt_token_ids"], json(want));
+}
+
+TEST_F(EndpointTest, RefusalsAreOpenAiErrorsAndTheEndpointKeepsServing) {
+  const json ok = {{"model", "policy"}, {"prompt", {1, 40}}, {"max_tokens", 2}};
+  struct Case {
+    std::string path;
+    std::string body;
+    std::string token;
+    long status;
+    std::string code;
+  };
+  json too_long = ok;
+  too_long["prompt"] = std::vector<int>(160, 40);
+  json big_n = ok;
+  big_n["n"] = 5;
+  json other_model = ok;
+  other_model["model"] = "gpt-4";
+  json oov = ok;
+  oov["prompt"] = {1, 100000};
+  const std::vector<Case> cases = {
+      {"/v1/completions", ok.dump(), "", 401, "invalid_api_key"},
+      {"/v1/completions", ok.dump(), "wrong!", 401, "invalid_api_key"},
+      {"/v1/completions", "{oops", "s3cret", 400, ""},
+      {"/v1/completions", other_model.dump(), "s3cret", 404, "model_not_found"},
+      {"/v1/completions", big_n.dump(), "s3cret", 400, ""},
+      {"/v1/completions", too_long.dump(), "s3cret", 413, "context_length_exceeded"},
+      {"/v1/completions", oov.dump(), "s3cret", 400, ""},
+      {"/v1/completions", std::string(70 * 1024, ' '), "s3cret", 413, ""},
+      {"/v1/chat/completions",
+       json({{"model", "policy"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}}).dump(),
+       "s3cret", 422, "unrenderable"},
+      {"/v1/chat/completions",
+       json({{"model", "policy"}, {"messages", {{{"role", "user"}, {"content", "\x01"}}}}}).dump(),
+       "s3cret", 422, "unrenderable"},
+      {"/g/closed/v1/completions", ok.dump(), "s3cret", 404, "group_closed"},
+      {"/v1/nope", ok.dump(), "s3cret", 404, ""},
+  };
+  const std::string base = "http://127.0.0.1:" + std::to_string(endpoint_->port());
+  for (const auto& c : cases) {
+    Reply r = Http(base + c.path, &c.body, c.token);
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body.substr(0, 80) << " -> "
+                                  << r.body.dump();
+    ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << c.path << r.body.dump();
+    EXPECT_TRUE(r.body["error"]["message"].is_string());
+    if (!c.code.empty()) {
+      EXPECT_EQ(r.body["error"]["code"], c.code) << r.body.dump();
+    }
+  }
+  ready_ = false;
+  Reply not_ready = Post("/v1/completions", ok);
+  EXPECT_EQ(not_ready.status, 503);
+  EXPECT_EQ(not_ready.body["error"]["code"], "not_ready");
+  ready_ = true;
+  EXPECT_EQ(Post("/v1/completions", ok).status, 200);  // still serving
+  auto st = endpoint_->stats();
+  EXPECT_EQ(st.client_errors, cases.size());
+  EXPECT_EQ(st.server_errors, 1u);
+}
+
+// ------------------------------------------------------------ the agent path
+
+class AgentPathTest : public EndpointTest {
+ protected:
+  void SetUp() override {
+    EndpointTest::SetUp();
+    ASSERT_TRUE(server_.ok()) << "agent_server.py did not start";
+    envs::TaskConfig tc;
+    tc.name = "file_reverse";
+    tc.eval_size = 10;
+    auto task = envs::MakeTask(tc);
+    ASSERT_TRUE(task.ok());
+    task_ = std::move(task).value();
+  }
+  std::string Url(const std::string& path = "") const { return server_.Url(path); }
+  std::unique_ptr<envs::AgentClient> Client(const std::string& url, int64_t concurrency = 8,
+                                            int64_t attempts = 2) {
+    envs::AgentsConfig c;
+    c.servers = {{"ref", url}};
+    c.max_concurrency = concurrency;
+    c.max_attempts = attempts;
+    c.run_timeout_ms = 60000;
+    c.call_timeout_ms = 120000;
+    auto cl = envs::AgentClient::Create(c);
+    EXPECT_TRUE(cl.ok()) << cl.status().ToString();
+    return cl.ok() ? std::move(cl).value() : nullptr;
+  }
+  std::string Body(const std::string& group, uint64_t index) {
+    envs::Prompt p = task_->GetPrompt(envs::Split::kTrain, index);
+    return envs::MakeRunBody(p.messages, p.id, "file_reverse", p.reference, p.metadata,
+                             endpoint_->BaseUrl(group), "s3cret", "policy", group + "/0", 1.0, 1.0,
+                             24);
+  }
+
+  envs::testing::ServerProcess server_{
+      {"python3", TROUPE_AGENT_SERVER, "--max-turns", "3", "--max-response-tokens", "100"}};
+  std::unique_ptr<envs::Task> task_;
+};
+
+TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
+  auto client = Client(Url());
+  ASSERT_TRUE(client);
+  int multi_turn = 0;
+  for (uint64_t i = 0; i < 6; ++i) {
+    const std::string group = "g" + std::to_string(i);
+    ledger_.Open(group);
+    auto out = client->Run({"ref", Body(group, i)}, Deadline::InMs(120000));
+    ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+    auto ep = envs::ParseAgentResponse(out.body, 160);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString() << "\n" << out.body.substr(0, 400);
+    std::vector<uint64_t> versions;
+    uint64_t oldest = 99;
+    Status v = ledger_.Verify(group, *ep, &versions, &oldest);
+    EXPECT_TRUE(v.ok()) << v.ToString();
+    EXPECT_EQ(oldest, 0u);
+    // Token by token against the transcript: each mask-0 run is the rendering of the tool
+    // output the agent reported, each mask-1 run one reply's generation ids.
+    json answer = json::parse(out.body);
+    std::vector<std::vector<int32_t>> env_runs, model_runs;
+    // Tool outputs after the last model turn (the episode ended) are in no turn's prompt.
+    json items = answer["response"]["output"];
+    while (!items.empty() && !items.back().contains("generation_token_ids"))
+      items.erase(items.size() - 1);
+    for (const auto& item : items) {
+      if (item["type"] == "function_call_output") {
+        auto ids = renderer_->RenderToolTurn(item["output"].get<std::string>());
+        ASSERT_TRUE(ids.ok());
+        env_runs.push_back(*ids);
+      } else if (item.contains("generation_token_ids")) {
+        model_runs.push_back(item["generation_token_ids"].get<std::vector<int32_t>>());
+      }
+    }
+    std::vector<std::vector<int32_t>> got_env, got_model;
+    for (size_t k = 0; k < ep->response.size(); ++k) {
+      auto& runs = ep->mask[k] ? got_model : got_env;
+      bool fresh = k == 0 || ep->mask[k] != ep->mask[k - 1] ||
+                   (ep->mask[k] && ep->turn_of[k] != ep->turn_of[k - 1]);
+      if (fresh) runs.emplace_back();
+      runs.back().push_back(ep->response[k]);
+    }
+    EXPECT_EQ(got_model, model_runs);
+    EXPECT_EQ(got_env, env_runs);
+    multi_turn += ep->turns.size() > 1;
+    ledger_.Close(group);
+  }
+  EXPECT_GT(multi_turn, 0) << "no episode had a second turn";
+  auto st = client->Stats().at("ref");
+  EXPECT_EQ(st.attempts, 6u);
+}
+
+TEST_F(AgentPathTest, FaultsBecomeFailuresOfTheirKind) {
+  ledger_.Open("f");
+  // A perturbed log-prob parses but does not verify.
+  auto lp = Client(Url("/fault/logprobs"))->Run({"ref", Body("f", 1)}, Deadline::InMs(60000));
+  ASSERT_TRUE(lp.status.ok()) << lp.status.ToString();
+  auto ep = envs::ParseAgentResponse(lp.body, 160);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  std::vector<uint64_t> versions;
+  uint64_t oldest = 0;
+  EXPECT_NE(ledger_.Verify("f", *ep, &versions, &oldest).message().find("log_probs differ"),
+            std::string::npos);
+  // The agent's own error and an empty output.
+  for (const char* path : {"/fault/error", "/fault/empty"}) {
+    auto out = Client(Url(path))->Run({"ref", Body("f", 2)}, Deadline::InMs(60000));
+    ASSERT_TRUE(out.status.ok());
+    EXPECT_EQ(envs::ParseAgentResponse(out.body, 160).status().code(), Code::kCancelled) << path;
+  }
+  // 5xx is retried, then fails as http_status.
+  auto c500 = Client(Url("/fault/status/500"), 8, 3);
+  auto s500 = c500->Run({"ref", Body("f", 3)}, Deadline::InMs(60000));
+  EXPECT_EQ(s500.kind, "http_status");
+  EXPECT_EQ(c500->Stats().at("ref").attempts, 3u);
+  EXPECT_EQ(c500->Stats().at("ref").retries, 2u);
+  // 400 is not retried.
+  auto c400 = Client(Url("/fault/status/400"), 8, 3);
+  EXPECT_EQ(c400->Run({"ref", Body("f", 3)}, Deadline::InMs(60000)).kind, "http_status");
+  EXPECT_EQ(c400->Stats().at("ref").attempts, 1u);
+  // Nobody listening (the server killed): unreachable, with the reason naming the server.
+  const std::string dead = Url();
+  ASSERT_EQ(server_.Stop(SIGKILL, 10000), 128 + SIGKILL);
+  auto gone = Client(dead)->Run({"ref", Body("f", 4)}, Deadline::InMs(60000));
+  EXPECT_EQ(gone.kind, "unreachable") << gone.status.ToString();
+  EXPECT_NE(gone.status.ToString().find("agent server 'ref'"), std::string::npos);
+}
+
+TEST_F(AgentPathTest, ConcurrencyPerServerIsLimitedAndDeadlinesHold) {
+  auto client = Client(Url("/fault/slow/0.3"), 2, 1);
+  ledger_.Open("c");
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 6; ++i)
+    ts.emplace_back([&, i] {
+      client->Run({"ref", Body("c", static_cast<uint64_t>(i))}, Deadline::InMs(120000));
+    });
+  for (auto& t : ts) t.join();
+  json stats = json::parse(server_.Get("/stats"));
+  EXPECT_LE(stats["max_inflight"].get<int>(), 2) << stats.dump();
+  EXPECT_EQ(client->Stats().at("ref").max_in_flight, 2u);
+  // A deadline shorter than the agent's episode: timeout, not a hang.
+  auto slow = Client(Url("/fault/slow/30"), 2, 1);
+  auto t = slow->Run({"ref", Body("c", 9)}, Deadline::InMs(500));
+  EXPECT_EQ(t.kind, "timeout") << t.status.ToString();
+}
+
+}  // namespace
+}  // namespace troupe::actors
