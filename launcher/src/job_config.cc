@@ -20,6 +20,7 @@
 namespace troupe::engine {
 void Describe(config::Binder& b, ModelConfig& c);
 void Describe(config::Binder& b, RopeScaling& c);
+void Describe(config::Binder& b, LoraConfig& c);
 }
 namespace troupe::trainer {
 void Describe(config::Binder& b, LearnerConfig& c);
@@ -72,6 +73,15 @@ void Describe(config::Binder& b, RopeScaling& c) {
   b.Field("high_freq_factor", &c.high_freq_factor, "llama3: high-frequency wavelength threshold");
   b.Field("original_max_position_embeddings", &c.original_max_position_embeddings,
           "llama3: pre-training context length");
+}
+void Describe(config::Binder& b, LoraConfig& c) {
+  b.Field("rank", &c.rank, "adapter rank r (0: no LoRA, the full model trains and travels)");
+  b.Field("alpha", &c.alpha, "scale numerator: updates are (alpha / rank) * B A (0: alpha = rank)");
+  b.Field("dropout", &c.dropout, "dropout on the adapters' input while training");
+  b.Field("target_modules", &c.target_modules,
+          "PEFT module names: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+  b.Field("warm_start_full", &c.warm_start_full,
+          "the supervised warm start trains the full model, then RL trains the adapter");
 }
 void Describe(config::Binder& b, ModelConfig& c) {
   b.Field("architecture", &c.architecture,
@@ -292,6 +302,8 @@ void Describe(Binder& b, EngineSpec& c) {
   b.Field("intra_op_threads", &c.intra_op_threads, "torch threads per engine");
   b.Field("device", &c.device, "cpu | cuda | cuda:N");
   b.Field("fused_cpu_kernels", &c.fused_cpu_kernels, "fused CPU decode kernels");
+  b.Field("lora_merged", &c.lora_merged,
+          "LoRA: merge adapters into the weights at each update (false: apply them unmerged)");
 }
 void Describe(Binder& b, WarmStartSpec& c) {
   b.Field("init_from", &c.init_from,
@@ -516,6 +528,7 @@ void ApplyModelFrom(Binder& b, const ModelSection& section, JobConfig& c) {
           num(given.tie_word_embeddings), num(m.tie_word_embeddings));
   differs("attention_bias", given.attention_bias == m.attention_bias, num(given.attention_bias),
           num(m.attention_bias));
+  m.lora = c.model.lora;  // the job's, not the folder's
   c.model = m;
   // The folder's tokenizer unless another one is named.
   if (c.tokenizer.path.empty()) {
@@ -582,6 +595,9 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("echo", &echo, "echo reference actors (tests and demos)");
   ModelSection model{&c.model, &c.model_from, {}};
   b.Section("model", &model, "the policy model (Llama 3 / Qwen2 / Qwen3 decoder)");
+  b.Section("lora", &c.model.lora,
+            "LoRA adapters: the base is frozen, only adapters train and travel (Hugging Face "
+            "PEFT names and files)");
   b.Section("tokenizer", &c.tokenizer, "the job's tokenizer (character or Hugging Face)");
   b.Section("chat", &c.chat, "how prompts and replies are rendered (chat template or fixed format)");
   // `task:` (one task) or `tasks:` (a list).

@@ -67,6 +67,12 @@ struct EngineConfig {
   // Use the fused CPU decode kernels (RoPE + cache write + attention in one pass). Default
   // true; false runs plain torch ops (the path CUDA uses), e.g. to compare the two.
   bool fused_cpu_kernels = true;
+  // LoRA models: fold the adapters into the weights (W = base + scale * B A, recomputed from a
+  // private copy of the base at every weight update) instead of running them beside the
+  // frozen weights at every step. Default false (unmerged): see README's LoRA row for the
+  // measured trade-off (generation speed vs update cost and one more copy of the adapted
+  // matrices).
+  bool lora_merged = false;
   // Seed of the initial random weights when no model is passed in. Default 0.
   uint64_t init_seed = 0;
   // How slots are refilled. kContinuous (default): a finished slot is refilled at the next
