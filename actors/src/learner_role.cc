@@ -673,6 +673,9 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
   s["received_response_tokens"] = static_cast<double>(received_response_tokens_);
   s["received_env_tokens"] = static_cast<double>(received_env_tokens_);
   s["broadcast_s"] = broadcaster_->last_seconds();
+  // Stream bytes of the last finished broadcast (LoRA: the adapters once the base went).
+  s["broadcast_bytes"] = static_cast<double>(sender_->last_report().payload_bytes);
+  s["broadcast_version"] = static_cast<double>(sender_->last_report().version);
   nlohmann::json extra;
   extra["lag_histogram"] = m.lag_histogram;
   extra["group_rewards"] = m.group_rewards;  // (TensorBoard histograms)

@@ -4,6 +4,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace troupe::engine {
 
@@ -57,6 +58,78 @@ std::string LoraConfig::ToString() const {
   if (!enabled()) return "off";
   return fmt::format("r={} alpha={} dropout={} targets={}", rank, effective_alpha(), dropout,
                      fmt::join(target_modules, ","));
+}
+
+Result<AdapterConfig> ParseAdapterConfig(std::string_view json_text, const std::string& where) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Malformed("{}: not a JSON object", where);
+  auto bad = [&](const char* key, const std::string& why) {
+    return InvalidArgument("{}: '{}' {}", where, key, why);
+  };
+  if (!j.contains("peft_type") || j["peft_type"] != "LORA")
+    return bad("peft_type", "must be \"LORA\" (only LoRA adapters are supported)");
+  AdapterConfig c;
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() <= 0)
+    return bad("r", "must be a positive integer");
+  c.lora.rank = j["r"].get<int64_t>();
+  c.lora.alpha = static_cast<double>(c.lora.rank);
+  if (j.contains("lora_alpha")) {
+    if (!j["lora_alpha"].is_number()) return bad("lora_alpha", "must be a number");
+    c.lora.alpha = j["lora_alpha"].get<double>();
+  }
+  if (j.contains("lora_dropout") && !j["lora_dropout"].is_null()) {
+    if (!j["lora_dropout"].is_number()) return bad("lora_dropout", "must be a number");
+    c.lora.dropout = j["lora_dropout"].get<double>();
+  }
+  if (!j.contains("target_modules") || !j["target_modules"].is_array())
+    return bad("target_modules",
+               "must be a list of module names (a regular expression is not supported)");
+  c.lora.target_modules.clear();
+  for (const auto& m : j["target_modules"]) {
+    if (!m.is_string()) return bad("target_modules", "holds a value that is not a string");
+    c.lora.target_modules.push_back(m.get<std::string>());
+  }
+  if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+    c.base_model = j["base_model_name_or_path"].get<std::string>();
+  // Options that change the math: refused unless at their default.
+  auto must_be = [&](const char* key, const nlohmann::json& want) -> Status {
+    if (!j.contains(key) || j[key].is_null() || j[key] == want) return Status::Ok();
+    return bad(key, fmt::format("= {} is not supported (only {})", j[key].dump(), want.dump()));
+  };
+  TROUPE_RETURN_IF_ERROR(must_be("use_rslora", false));
+  TROUPE_RETURN_IF_ERROR(must_be("use_dora", false));
+  TROUPE_RETURN_IF_ERROR(must_be("fan_in_fan_out", false));
+  TROUPE_RETURN_IF_ERROR(must_be("bias", "none"));
+  TROUPE_RETURN_IF_ERROR(must_be("rank_pattern", nlohmann::json::object()));
+  TROUPE_RETURN_IF_ERROR(must_be("alpha_pattern", nlohmann::json::object()));
+  TROUPE_RETURN_IF_ERROR(must_be("modules_to_save", nlohmann::json::array()));
+  TROUPE_RETURN_IF_ERROR(must_be("layers_to_transform", nlohmann::json::array()));
+  Status st = c.lora.Validate();
+  if (!st.ok()) return InvalidArgument("{}: {}", where, st.message());
+  return c;
+}
+
+std::string AdapterConfigJson(const LoraConfig& lora, const std::string& base_model) {
+  nlohmann::json j;  // std::map underneath: keys sorted
+  j["alpha_pattern"] = nlohmann::json::object();
+  j["base_model_name_or_path"] =
+      base_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(base_model);
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["layers_to_transform"] = nullptr;
+  j["lora_alpha"] = lora.effective_alpha();
+  j["lora_dropout"] = lora.dropout;
+  j["modules_to_save"] = nullptr;
+  j["peft_type"] = "LORA";
+  j["r"] = lora.rank;
+  j["rank_pattern"] = nlohmann::json::object();
+  j["target_modules"] = lora.target_modules;
+  j["task_type"] = "CAUSAL_LM";
+  j["use_dora"] = false;
+  j["use_rslora"] = false;
+  return j.dump(2) + "\n";
 }
 
 }  // namespace troupe::engine

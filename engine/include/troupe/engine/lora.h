@@ -58,4 +58,17 @@ struct LoraConfig {
   std::string ToString() const;
 };
 
+// ---------------------------------------------------------------- PEFT adapter_config.json
+// (torch-free: the launcher's `troupe export` reads it; peft.h saves and loads adapters)
+
+struct AdapterConfig {
+  LoraConfig lora;          // r, lora_alpha, lora_dropout, target_modules
+  std::string base_model;   // base_model_name_or_path ("" when null)
+};
+
+// Parses adapter_config.json text; `where` (a path) prefixes errors, which name the key.
+Result<AdapterConfig> ParseAdapterConfig(std::string_view json_text, const std::string& where);
+// adapter_config.json for `lora` (sorted keys, as PEFT writes them).
+std::string AdapterConfigJson(const LoraConfig& lora, const std::string& base_model);
+
 }  // namespace troupe::engine

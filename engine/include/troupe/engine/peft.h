@@ -21,16 +21,6 @@
 
 namespace troupe::engine {
 
-struct AdapterConfig {
-  LoraConfig lora;          // r, lora_alpha, lora_dropout, target_modules
-  std::string base_model;   // base_model_name_or_path ("" when null)
-};
-
-// Parses adapter_config.json text; `where` (a path) prefixes errors, which name the key.
-Result<AdapterConfig> ParseAdapterConfig(std::string_view json_text, const std::string& where);
-// adapter_config.json for `lora` (sorted keys, as PEFT writes them).
-std::string AdapterConfigJson(const LoraConfig& lora, const std::string& base_model);
-
 // Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (model dtype) of a LoRA
 // model; creates DIR. Fails for a model without LoRA.
 Status SaveAdapter(const std::string& dir, const LlamaModel& model,
