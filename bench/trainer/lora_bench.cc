@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 

@@ -303,7 +303,8 @@ void Describe(Binder& b, EngineSpec& c) {
   b.Field("device", &c.device, "cpu | cuda | cuda:N");
   b.Field("fused_cpu_kernels", &c.fused_cpu_kernels, "fused CPU decode kernels");
   b.Field("lora_merged", &c.lora_merged,
-          "LoRA: merge adapters into the weights at each update (false: apply them unmerged)");
+          "LoRA: merge adapters into the weights at each update (default; false: apply them "
+          "unmerged at every step)");
 }
 void Describe(Binder& b, WarmStartSpec& c) {
   b.Field("init_from", &c.init_from,

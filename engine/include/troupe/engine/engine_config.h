@@ -69,10 +69,10 @@ struct EngineConfig {
   bool fused_cpu_kernels = true;
   // LoRA models: fold the adapters into the weights (W = base + scale * B A, recomputed from a
   // private copy of the base at every weight update) instead of running them beside the
-  // frozen weights at every step. Default false (unmerged): see README's LoRA row for the
-  // measured trade-off (generation speed vs update cost and one more copy of the adapted
-  // matrices).
-  bool lora_merged = false;
+  // frozen weights at every step. Default true: `lora_bench` measured merged generation
+  // 2.75x the unmerged tokens/s on the default model (batch 128), for 0.7 ms per update and
+  // one more copy of the adapted matrices (README, LoRA rows).
+  bool lora_merged = true;
   // Seed of the initial random weights when no model is passed in. Default 0.
   uint64_t init_seed = 0;
   // How slots are refilled. kContinuous (default): a finished slot is refilled at the next
