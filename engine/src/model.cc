@@ -277,34 +277,24 @@ torch::Tensor LlamaModel::ModuleWeight(const Layer& l, int module) const {
   }
 }
 
-torch::Tensor LlamaModel::LoraDelta(const Layer& l, Fused fused, const torch::Tensor& x) const {
-  if (merged_ || !config_.lora.enabled()) return {};
-  static constexpr int kFirst[] = {0, 3, 4, 6}, kCount[] = {3, 1, 2, 1};
-  const int first = kFirst[fused], count = kCount[fused];
-  bool any = false;
-  for (int m = first; m < first + count; ++m) any = any || l.lora_a[m].defined();
-  if (!any) return {};
-  const double p = config_.lora.dropout;
-  const bool drop = p > 0 && is_training() && at::GradMode::is_enabled();
-  std::vector<at::Tensor> parts;
-  for (int m = first; m < first + count; ++m) {
-    if (l.lora_a[m].defined()) {
-      at::Tensor in = drop ? at::dropout(x, p, /*train=*/true) : x;
-      parts.push_back(at::linear(at::linear(in, l.lora_a[m]), l.lora_b[m]));
-    } else {
-      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-      shape.back() = ModuleWeight(l, m).size(0);
-      parts.push_back(at::zeros(shape, x.options()));
-    }
-  }
-  at::Tensor delta = parts.size() == 1 ? parts[0] : at::cat(parts, -1);
-  return delta * config_.lora.scale();
-}
-
 torch::Tensor LlamaModel::WithLora(const Layer& l, Fused fused, const torch::Tensor& x,
                                    torch::Tensor y) const {
-  at::Tensor d = LoraDelta(l, fused, x);
-  return d.defined() ? y + d : y;
+  if (merged_ || !config_.lora.enabled()) return y;
+  static constexpr int kFirst[] = {0, 3, 4, 6}, kCount[] = {3, 1, 2, 1};
+  const double p = config_.lora.dropout, scale = config_.lora.scale();
+  const bool drop = p > 0 && is_training() && at::GradMode::is_enabled();
+  int64_t offset = 0;
+  for (int m = kFirst[fused]; m < kFirst[fused] + kCount[fused]; ++m) {
+    const int64_t rows = ModuleWeight(l, m).size(0);
+    if (l.lora_a[m].defined()) {
+      // Into the module's output columns in place: autograd keeps only x and the rank-r
+      // intermediate for backward, never an output-sized delta.
+      at::Tensor low = at::linear(drop ? at::dropout(x, p, /*train=*/true) : x, l.lora_a[m]);
+      y.narrow(-1, offset, rows).add_(at::linear(low, l.lora_b[m]), scale);
+    }
+    offset += rows;
+  }
+  return y;
 }
 
 NamedTensors LlamaModel::AdapterWeights() const {
@@ -632,12 +622,11 @@ torch::Tensor LlamaModel::Step(const torch::Tensor& tokens, const torch::Tensor&
                          cache.k(static_cast<int64_t>(li)), cache.v(static_cast<int64_t>(li)), H,
                          Hkv, head_dim_, attn, layer.q_norm, layer.k_norm, eps);
     x = at::addmm(x, attn, layer.o_w.t());
-    if (at::Tensor d = LoraDelta(layer, kO, attn); d.defined()) x = x + d;
+    x = WithLora(layer, kO, attn, x);  // x + W attn + scale * B A attn
     h = cpu::RmsNormRows(x, layer.post_norm, eps);
     at::Tensor act =
         cpu::SiluMulRows(WithLora(layer, kGateUp, h, at::mm(h, layer.gate_up_w.t())).contiguous());
-    x = at::addmm(x, act, layer.down_w.t());
-    if (at::Tensor d = LoraDelta(layer, kDown, act); d.defined()) x = x + d;
+    x = WithLora(layer, kDown, act, at::addmm(x, act, layer.down_w.t()));
   }
   x = x.index_select(0, logit_rows);
   return Head(cpu::RmsNormRows(x, final_norm_, eps));

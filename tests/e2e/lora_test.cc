@@ -5,7 +5,8 @@
 //           ══ adapters only (every update) ══▶ ...
 //           ══ catch-up: base + adapters ══▶ rollout-2 (scaled up mid-run)
 //
-// Checks: the job learns; every broadcast after the first carries only the adapters
+// Checks: RL on the adapters reaches 0.93 from the full warm start's ~0.88; every broadcast
+// after the first carries only the adapters
 // (≤ 1.1 × their bytes); the late joiner is caught up with the base and the adapters in one
 // transfer and its batches train; checkpoints hold the PEFT adapter, optimizer state only
 // for adapters, and one shared (hard-linked) base; `troupe export --adapter/--merged`
@@ -52,7 +53,7 @@ int RunTroupe(const std::vector<std::string>& args, std::string* out) {
 
 TEST(LoraEndToEnd, AdaptersTrainTravelAloneAndExport) {
   e2e::Job job("tiny_reverse_lora.yaml",
-               e2e::Short(1500, {"eval.every_steps=20", "stop.target_accuracy=0.6"}),
+               e2e::Short(600, {"eval.every_steps=10", "stop.target_accuracy=0.93"}),
                e2e::TestDir("lora"));
   // Scale up once RL runs: the third rollout actor joins late.
   ASSERT_TRUE(job.WaitStatus(
@@ -72,7 +73,9 @@ TEST(LoraEndToEnd, AdaptersTrainTravelAloneAndExport) {
   ASSERT_EQ(warm.size(), 1u);
   double best = 0;
   for (auto& ev : job.Metrics("eval")) best = std::max(best, ev.value("eval_accuracy", 0.0));
-  EXPECT_GE(best, 0.6) << "warm start " << warm[0].value("eval_accuracy", 0.0);
+  const double warm_accuracy = warm[0].value("eval_accuracy", 0.0);
+  EXPECT_GE(best, 0.93) << "LoRA RL did not reach 0.93 in 600 updates; warm start " << warm_accuracy;
+  EXPECT_GT(best, warm_accuracy + 0.03) << "RL on the adapters must improve on the warm start";
   e2e::ExpectAccountingHolds(job);
 
   // Every broadcast after the first carries only the adapters.
@@ -85,16 +88,16 @@ TEST(LoraEndToEnd, AdaptersTrainTravelAloneAndExport) {
   m.lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                            "down_proj"};
   const double adapter_bytes = 4.0 * static_cast<double>(m.NumAdapterParameters());
-  const double rl_start = warm[0].value("version", 100.0);
+  const double rl_start = warm[0].value("policy_version", 1e9);  // its broadcast carries the base
   int adapter_only = 0;
   for (auto& t : job.Metrics("train")) {
     const double v = t.value("broadcast_version", 0.0), bytes = t.value("broadcast_bytes", 0.0);
-    if (v <= rl_start + 1 || bytes == 0) continue;
+    if (v <= rl_start || bytes == 0) continue;
     ++adapter_only;
     EXPECT_LE(bytes, 1.1 * adapter_bytes) << t.dump();
     EXPECT_GE(bytes, adapter_bytes) << t.dump();
   }
-  EXPECT_GT(adapter_only, 50);
+  EXPECT_GT(adapter_only, 20);
 
   // The late joiner got the base and the adapters in one catch-up, and trained.
   std::ifstream log(run->log_file("learner-0"));
