@@ -1,8 +1,9 @@
 // LoRA vs full fine-tune, measured in one run (one JSON line at the end):
 //
 //   learner   SupervisedStep (forward + backward + AdamW) on 128 sequences of the default
-//             task's shape, LoRA (rank 16, every projection) vs the full model: step time,
-//             and peak RSS of a fresh process doing only that (this binary re-executed);
+//             task's shape, LoRA (rank 16, every projection) vs the full model: step time
+//             (their steps alternate), and peak RSS of a fresh process doing only that (this
+//             binary re-executed);
 //   broadcast WeightSender -> one WeightReceiver (zmq chain, localhost): time per update and
 //             bytes the learner sent per update, adapters (after the base went once via
 //             SetBase) vs the full weights; bytes / adapter bytes is the link-byte ratio;
@@ -92,22 +93,41 @@ int64_t PeakRssKb() {
   return 0;
 }
 
-// Runs `steps` supervised steps; returns the median step seconds.
-double LearnerSteps(const std::string& model, bool lora, int steps) {
+std::unique_ptr<trainer::Learner> MakeLearner(const std::string& model, bool lora) {
   auto policy = engine::LlamaModel::Create(Model(model, lora), 1);
   TROUPE_CHECK(policy.ok());
-  trainer::LearnerConfig lc;
-  auto learner = trainer::Learner::Create(lc, *policy);
+  auto learner = trainer::Learner::Create(trainer::LearnerConfig{}, *policy);
   TROUPE_CHECK_MSG(learner.ok(), "{}", learner.status().ToString());
+  return std::move(learner).value();
+}
+
+double TimedStep(trainer::Learner& l, const trainer::Demonstrations& demos) {
+  auto t0 = Clock::now();
+  auto m = l.SupervisedStep(demos);
+  TROUPE_CHECK_MSG(m.ok(), "{}", m.status().ToString());
+  return Since(t0);
+}
+
+// Median step seconds of the full model and of LoRA, their steps alternating (both see the
+// same machine load).
+std::pair<double, double> LearnerSteps(const std::string& model, int steps) {
+  auto full = MakeLearner(model, false), lora = MakeLearner(model, true);
   const trainer::Demonstrations demos = Demos(7);
-  std::vector<double> t;
-  for (int i = -1; i < steps; ++i) {
-    auto t0 = Clock::now();
-    auto m = (*learner)->SupervisedStep(demos);
-    TROUPE_CHECK_MSG(m.ok(), "{}", m.status().ToString());
-    if (i >= 0) t.push_back(Since(t0));
+  TimedStep(*full, demos);
+  TimedStep(*lora, demos);
+  std::vector<double> tf, tl;
+  for (int i = 0; i < steps; ++i) {
+    tf.push_back(TimedStep(*full, demos));
+    tl.push_back(TimedStep(*lora, demos));
   }
-  return Median(t);
+  return {Median(tf), Median(tl)};
+}
+
+// One learner alone (the peak-RSS child).
+void LearnerOnly(const std::string& model, bool lora, int steps) {
+  auto l = MakeLearner(model, lora);
+  const trainer::Demonstrations demos = Demos(7);
+  for (int i = 0; i <= steps; ++i) TimedStep(*l, demos);
 }
 
 // Peak RSS (kB) of a fresh process that builds the learner and trains `steps` steps.
@@ -242,7 +262,7 @@ int Main(int argc, char** argv) {
   lo.level = spdlog::level::warn;
   log::Init("bench", lo);
   if (argc == 5 && std::string(argv[1]) == "--child") {
-    LearnerSteps(argv[2], std::string(argv[3]) == "lora", std::stoi(argv[4]));
+    LearnerOnly(argv[2], std::string(argv[3]) == "lora", std::stoi(argv[4]));
     std::printf("%lld\n", static_cast<long long>(PeakRssKb()));
     return 0;
   }
@@ -274,7 +294,7 @@ int Main(int argc, char** argv) {
     const engine::ModelConfig c = Model(m, true);
     r["params"] = c.NumParameters();
     r["adapter_params"] = c.NumAdapterParameters();
-    const double full = LearnerSteps(m, false, steps), lora = LearnerSteps(m, true, steps);
+    const auto [full, lora] = LearnerSteps(m, steps);
     r["step_s_full"] = full;
     r["step_s_lora"] = lora;
     r["step_lora_over_full"] = lora / full;

@@ -53,7 +53,8 @@ int RunTroupe(const std::vector<std::string>& args, std::string* out) {
 
 TEST(LoraEndToEnd, AdaptersTrainTravelAloneAndExport) {
   e2e::Job job("tiny_reverse_lora.yaml",
-               e2e::Short(600, {"eval.every_steps=10", "stop.target_accuracy=0.93"}),
+               // A fixed 150 updates (no early stop): the late joiner must have time to join.
+               e2e::Short(150, {"eval.every_steps=10"}),
                e2e::TestDir("lora"));
   // Scale up once RL runs: the third rollout actor joins late.
   ASSERT_TRUE(job.WaitStatus(
@@ -74,7 +75,7 @@ TEST(LoraEndToEnd, AdaptersTrainTravelAloneAndExport) {
   double best = 0;
   for (auto& ev : job.Metrics("eval")) best = std::max(best, ev.value("eval_accuracy", 0.0));
   const double warm_accuracy = warm[0].value("eval_accuracy", 0.0);
-  EXPECT_GE(best, 0.93) << "LoRA RL did not reach 0.93 in 600 updates; warm start " << warm_accuracy;
+  EXPECT_GE(best, 0.93) << "LoRA RL did not reach 0.93 in 150 updates; warm start " << warm_accuracy;
   EXPECT_GT(best, warm_accuracy + 0.03) << "RL on the adapters must improve on the warm start";
   e2e::ExpectAccountingHolds(job);
 
@@ -97,7 +98,7 @@ TEST(LoraEndToEnd, AdaptersTrainTravelAloneAndExport) {
     EXPECT_LE(bytes, 1.1 * adapter_bytes) << t.dump();
     EXPECT_GE(bytes, adapter_bytes) << t.dump();
   }
-  EXPECT_GT(adapter_only, 20);
+  EXPECT_GT(adapter_only, 100);
 
   // The late joiner got the base and the adapters in one catch-up, and trained.
   std::ifstream log(run->log_file("learner-0"));
