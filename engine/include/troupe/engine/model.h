@@ -208,10 +208,9 @@ class LlamaModel : public torch::nn::Module {
   enum Fused { kQkv, kO, kGateUp, kDown };
   // Weight rows of `module` inside its fused matrix (a view).
   torch::Tensor ModuleWeight(const Layer& layer, int module) const;
-  // scale * B (A x) of the adapters on `fused`, concatenated over its modules (zeros for
-  // untargeted ones); undefined when none applies (no LoRA, merged, none targeted).
-  torch::Tensor LoraDelta(const Layer& layer, Fused fused, const torch::Tensor& x) const;
-  // y + LoraDelta(layer, fused, x).
+  // Adds scale * B (A x) of the adapters on `fused` to their output columns of y (the
+  // fused projection of x, possibly plus a residual), in place; returns y. No-op without
+  // LoRA, merged, or with none of its modules targeted.
   torch::Tensor WithLora(const Layer& layer, Fused fused, const torch::Tensor& x,
                          torch::Tensor y) const;
   void InitAdapters(uint64_t seed);
