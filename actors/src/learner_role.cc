@@ -224,6 +224,7 @@ Status LearnerRole::Setup() {
   ec.intra_op_threads = job_.engine.intra_op_threads;
   ec.device = job_.engine.device;
   ec.fused_cpu_kernels = job_.engine.fused_cpu_kernels;
+  ec.lora_merged = job_.engine.lora_merged;
   TROUPE_ASSIGN_OR_RETURN(eval_engine_, engine::Engine::Create(ec));
 
   transport::SocketOptions so;
@@ -253,7 +254,7 @@ Status LearnerRole::Setup() {
 
 Result<EvalResult> LearnerRole::Evaluate() {
   auto t0 = std::chrono::steady_clock::now();
-  TROUPE_RETURN_IF_ERROR(eval_engine_->UpdateWeights(learner_->version(), learner_->NamedWeights(),
+  TROUPE_RETURN_IF_ERROR(eval_engine_->UpdateWeights(learner_->version(), learner_->StateWeights(),
                                                      Deadline::InMs(30000)));
   EvalResult r;
   for (const envs::Task* task : ctx_.task_list) {
@@ -413,6 +414,9 @@ Status LearnerRole::WarmStart() {
   if (job_.warm_start.steps == 0 && job_.warm_start.init_from.empty() && job_.model_from.empty())
     return Status::Ok();
   auto t0 = std::chrono::steady_clock::now();
+  const bool full_then_lora = job_.model.lora.enabled() && job_.model.lora.warm_start_full &&
+                              job_.warm_start.steps > 0;
+  if (full_then_lora) TROUPE_RETURN_IF_ERROR(learner_->SetBaseTrainable(true));
   uint64_t index = DeriveSeed(job_.seed, "warm-start") % (uint64_t{1} << 40);
   for (uint32_t step = 0; step < job_.warm_start.steps; ++step) {
     if (rt_.should_exit()) return Cancelled("warm start interrupted");
@@ -435,6 +439,10 @@ Status LearnerRole::WarmStart() {
     }
   }
   double seconds = SecondsSince(t0);
+  if (full_then_lora) {
+    TROUPE_RETURN_IF_ERROR(learner_->SetBaseTrainable(false));  // RL trains the adapter only
+    Log().info("warm start trained the full model; the base is frozen from here on");
+  }
   learner_->SnapshotReference();  // the KL anchor (if any) is the warm-started policy
   if (job_.trainer.reset_optimizer_for_rl) learner_->ResetOptimizer();
   TROUPE_ASSIGN_OR_RETURN(EvalResult e, Evaluate());
@@ -665,6 +673,9 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
   s["received_response_tokens"] = static_cast<double>(received_response_tokens_);
   s["received_env_tokens"] = static_cast<double>(received_env_tokens_);
   s["broadcast_s"] = broadcaster_->last_seconds();
+  // Stream bytes of the last finished broadcast (LoRA: the adapters once the base went).
+  s["broadcast_bytes"] = static_cast<double>(sender_->last_report().payload_bytes);
+  s["broadcast_version"] = static_cast<double>(sender_->last_report().version);
   nlohmann::json extra;
   extra["lag_histogram"] = m.lag_histogram;
   extra["group_rewards"] = m.group_rewards;  // (TensorBoard histograms)
@@ -685,7 +696,7 @@ Status LearnerRole::TrainStep() {
   if (m->tokens > 0) {
     train_seconds_ += m->total_s;
     train_tokens_ += m->padded_tokens;
-    broadcaster_->Publish(learner_->version(), learner_->NamedWeights());
+    broadcaster_->Publish(learner_->version(), learner_->BroadcastWeights());
     Report(*m);
   } else {
     ++skipped_updates_;
@@ -954,7 +965,15 @@ Status LearnerRole::Run() {
     TROUPE_RETURN_IF_ERROR(Checkpoint("after warm start"));
   }
   rl_t0_ = std::chrono::steady_clock::now();
-  broadcaster_->Publish(learner_->version(), learner_->NamedWeights());
+  if (job_.model.lora.enabled()) {
+    // LoRA: the frozen base goes once (with the next broadcast to the group, and with every
+    // newcomer's catch-up); each update then sends only the adapters.
+    TROUPE_RETURN_IF_ERROR(sender_->SetBase(learner_->NamedWeights()));
+    Log().info("LoRA {}: broadcasting adapters only ({} of {} parameters) after the base",
+               job_.model.lora.ToString(), job_.model.NumAdapterParameters(),
+               job_.model.NumParameters());
+  }
+  broadcaster_->Publish(learner_->version(), learner_->BroadcastWeights());
   rt_.SetPolicyVersion(learner_->version());
   Log().info("RL starts at version {} (max policy lag {}, {} groups x {} samples per update)",
              learner_->version(), job_.trainer.effective_max_policy_lag(),

@@ -271,6 +271,7 @@ Status RolloutRole::Setup() {
   ec.intra_op_threads = job_.engine.intra_op_threads;
   ec.device = job_.engine.device;
   ec.fused_cpu_kernels = job_.engine.fused_cpu_kernels;
+  ec.lora_merged = job_.engine.lora_merged;
   ec.init_seed = DeriveSeed(job_.seed, "policy-init");
   TROUPE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(ec));
   transport::ReliableSenderOptions so;

@@ -58,6 +58,7 @@ class WeightSender::Impl {
   void Stop();
 
   Status Broadcast(uint64_t version, const NamedTensors& named, Deadline deadline);
+  Status SetBase(const NamedTensors& base);
   Status WaitForMembers(size_t count, Deadline deadline);
 
   const std::string& endpoint() const { return endpoint_; }
@@ -132,6 +133,9 @@ class WeightSender::Impl {
   Status Reform(Deadline deadline);
   void RunJob(Job& job);
   Status PackCurrent(const Job& job, BroadcastReport* report);
+  // A newcomer's catch-up stream when the current version carries no base: the base and
+  // the current tensors in one layout (the current layout's version, a fresh stream).
+  Status PackCatchUp(Layout* layout, Stream* stream);
   Status Transfer(Deadline deadline, BroadcastReport* report);
   Status WaitAcks(const std::vector<std::string>& ids, uint64_t version, uint64_t transfer,
                   Deadline deadline);
@@ -183,6 +187,10 @@ class WeightSender::Impl {
   uint64_t epoch_snapshot_ TROUPE_GUARDED_BY(mu_) = 0;
   uint64_t version_snapshot_ TROUPE_GUARDED_BY(mu_) = 0;
   SenderStats stats_snapshot_ TROUPE_GUARDED_BY(mu_);
+  // SetBase: tensors sent once with the next broadcast (and with every catch-up).
+  NamedTensors base_ TROUPE_GUARDED_BY(mu_);
+  uint64_t base_generation_ TROUPE_GUARDED_BY(mu_) = 0;  // SetBase calls
+  uint64_t base_delivered_ TROUPE_GUARDED_BY(mu_) = 0;   // generation the group holds
   Mutex broadcast_mu_;  // serialises Broadcast callers
   std::thread thread_;
 
@@ -205,6 +213,9 @@ class WeightSender::Impl {
   Layout current_;         // layout of the current version
   Stream current_stream_;  // where it is packed
   bool have_current_ = false;
+  // Without the base in the current version: the base newcomers need first, and a copy of
+  // the current tensors (small: adapters) to pack both into one catch-up.
+  NamedTensors catch_up_base_, current_named_;
   uint64_t catch_up_counter_ = 0;
   uint64_t last_traced_ = 0;  // last version whose stream checksum was logged
   SenderStats stats_;
@@ -519,6 +530,8 @@ Status WeightSender::Impl::CatchUp(Member& member) {
   if (!have_current_) return Status::Ok();
   const std::string id = member.id, endpoint = member.data_endpoint;  // `member` may go away
   Layout layout = current_;
+  Stream stream = current_stream_;
+  if (!catch_up_base_.empty()) TROUPE_RETURN_IF_ERROR(PackCatchUp(&layout, &stream));
   layout.transfer = kCatchUpBit | ++catch_up_counter_;
   layout.token = transport::RandomIncarnation();
   proto::ManifestMsg manifest;
@@ -526,13 +539,29 @@ Status WeightSender::Impl::CatchUp(Member& member) {
   auto t0 = Clock::now();
   if (!SendTo(id, proto::EncodeManifest(header(), manifest)))
     return Unavailable("cannot send the manifest to {}", id);
-  TROUPE_RETURN_IF_ERROR(chunks_->Send(
-      {endpoint}, layout, current_stream_.data, current_stream_.owner, Deadline::Never(),
-      ServeWhileBlocked(/*preemptible=*/true), &stats_.bytes_sent));
+  TROUPE_RETURN_IF_ERROR(chunks_->Send({endpoint}, layout, stream.data, stream.owner,
+                                       Deadline::Never(), ServeWhileBlocked(/*preemptible=*/true),
+                                       &stats_.bytes_sent));
   TROUPE_RETURN_IF_ERROR(WaitAcks({id}, layout.version, layout.transfer, Deadline::In(timeout_)));
   if (Member* m = Find(id)) m->acked_version = layout.version;
   Log().info("caught {} up to version {} ({:.1f} MB in {:.3f} s)", id, layout.version,
              layout.total_bytes / 1e6, Seconds(t0, Clock::now()));
+  return Status::Ok();
+}
+
+Status WeightSender::Impl::PackCatchUp(Layout* layout, Stream* stream) {
+  NamedTensors all = catch_up_base_;
+  all.insert(all.end(), current_named_.begin(), current_named_.end());
+  TROUPE_ASSIGN_OR_RETURN(Layout full, PlanLayout(all, config_.wire_dtype, config_.bucket_bytes,
+                                                  config_.chunk_bytes));
+  full.version = current_.version;
+  auto buffer = std::shared_ptr<uint8_t[]>(new (std::nothrow) uint8_t[full.total_bytes]);
+  if (!buffer) return ResourceExhausted("catch-up: cannot allocate {} bytes", full.total_bytes);
+  TROUPE_RETURN_IF_ERROR(PackTensors(all, full, buffer.get()));
+  if (config_.checksum) ComputeChecksums(&full, buffer.get());
+  stream->data = buffer.get();
+  stream->owner = std::shared_ptr<void>(buffer, buffer.get());
+  *layout = std::move(full);
   return Status::Ok();
 }
 
@@ -664,8 +693,29 @@ void WeightSender::Impl::RunJob(Job& job) {
   if (have_current_ && job.version <= current_.version)
     return finish(InvalidArgument("version {} is not above the previous broadcast {}", job.version,
                                   current_.version));
+  // The base rides along until one broadcast delivered it to the whole group.
+  uint64_t base_generation = 0;
+  bool with_base = false;
+  NamedTensors base;
+  {
+    MutexLock l(mu_);
+    base = base_;
+    base_generation = base_generation_;
+    with_base = !base_.empty() && base_delivered_ != base_generation_;
+  }
+  if (with_base) {
+    NamedTensors all = base;
+    all.insert(all.end(), job.named.begin(), job.named.end());
+    job.named = std::move(all);
+  }
   Status packed = PackCurrent(job, &report);
   if (!packed.ok()) return finish(packed);
+  catch_up_base_.clear();
+  current_named_.clear();
+  if (!with_base && !base.empty()) {
+    catch_up_base_ = base;
+    for (const auto& [name, t] : job.named) current_named_.emplace_back(name, t.clone());
+  }
   Status last = Unavailable("no attempt was made before the deadline");
   for (int attempt = 1; attempt <= config_.max_attempts; ++attempt) {
     if (job.deadline.expired()) break;
@@ -674,6 +724,10 @@ void WeightSender::Impl::RunJob(Job& job) {
     if (dirty_ || !formed_) st = Reform(job.deadline);
     if (st.ok()) st = Transfer(job.deadline, &report);
     if (st.ok()) {
+      if (with_base) {
+        MutexLock l(mu_);
+        base_delivered_ = base_generation;
+      }
       report.members = group_;
       for (const auto& id : group_)
         if (Member* m = Find(id)) m->acked_version = job.version;
@@ -822,6 +876,19 @@ Status WeightSender::Impl::Broadcast(uint64_t version, const NamedTensors& named
   return job->status;
 }
 
+Status WeightSender::Impl::SetBase(const NamedTensors& base) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : base) {
+    if (name.empty() || !names.insert(name).second)
+      return InvalidArgument("SetBase: empty or duplicate tensor name '{}'", name);
+    if (!t.defined()) return InvalidArgument("SetBase: tensor '{}' is undefined", name);
+  }
+  MutexLock l(mu_);
+  base_ = base;
+  ++base_generation_;
+  return Status::Ok();
+}
+
 Status WeightSender::Impl::WaitForMembers(size_t count, Deadline deadline) {
   MutexLock l(mu_);
   auto ready = [&]() TROUPE_REQUIRES(mu_) {
@@ -857,6 +924,9 @@ uint64_t WeightSender::incarnation() const {
 }
 Status WeightSender::Broadcast(uint64_t version, const NamedTensors& named, Deadline deadline) {
   return impl_->Broadcast(version, named, deadline);
+}
+Status WeightSender::SetBase(const NamedTensors& base) {
+  return impl_->SetBase(base);
 }
 BroadcastReport WeightSender::last_report() const {
   return impl_->last_report();

@@ -302,6 +302,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   } else {
     model = std::make_shared<LlamaModel>(config.model, config.init_seed, device);
   }
+  if (config.lora_merged) model->SetMerged(true);
   std::unique_ptr<Engine> e(new Engine(config));
   e->model_ = std::move(model);
   try {
@@ -444,7 +445,10 @@ Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadli
   TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline, allow_rollback));
   Status st;
   try {
-    st = model_->LoadNamed(named);
+    // A LoRA engine never keeps generating with stale adapters: every update carries them.
+    LoadOptions opts;
+    opts.require_adapters = config_.model.lora.enabled();
+    st = model_->LoadNamed(named, opts);
   } catch (const std::exception& e) {
     st = Internal("weight update to version {} failed: {}", version, e.what());
   }

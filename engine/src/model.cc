@@ -76,6 +76,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, uint64_t seed, torch::Device d
 LlamaModel::LlamaModel(const ModelConfig& config, Uninitialized, torch::Device device)
     : config_(config) {
   Allocate(config);
+  InitAdapters(0);  // LoadModel fills the base; a fresh adapter is the identity either way
   if (device != torch::Device(torch::kCPU)) to(device);
 }
 
@@ -109,6 +110,24 @@ void LlamaModel::Allocate(const ModelConfig& config) {
   final_norm_ = register_parameter("final_norm", at::empty({d}, opts));
   if (!config.tie_word_embeddings)
     lm_head_ = register_parameter("lm_head", at::empty({config.vocab_size, d}, opts));
+  if (config.lora.enabled()) {
+    SetBaseTrainable(false);
+    const int64_t r = config.lora.rank, f = config.ffn_dim;
+    // (in, out) of q k v o gate up down.
+    const int64_t dims[kNumLoraModules][2] = {{d, q_size_}, {d, kv_size_}, {d, kv_size_},
+                                              {q_size_, d}, {d, f},        {d, f},
+                                              {f, d}};
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      for (int m = 0; m < kNumLoraModules; ++m) {
+        if (!config.lora.Targets(m)) continue;
+        auto name = [&](const char* ab) {
+          return fmt::format("layer{}_lora_{}_{}", i, LoraModuleName(m), ab);
+        };
+        layers_[i].lora_a[m] = register_parameter(name("A"), at::empty({r, dims[m][0]}, opts));
+        layers_[i].lora_b[m] = register_parameter(name("B"), at::empty({dims[m][1], r}, opts));
+      }
+    }
+  }
 
   // RoPE tables (rotate-half layout, as Hugging Face Llama/Qwen), computed in double, with
   // the config's rope_scaling applied to the inverse frequencies.
@@ -137,7 +156,46 @@ torch::Device LlamaModel::device() const {
   return embed_.device();
 }
 
+void LlamaModel::SetBaseTrainable(bool trainable) {
+  if (!config_.lora.enabled()) return;
+  for (auto& p : named_parameters(/*recurse=*/false)) {
+    if (p.key().find("_lora_") == std::string::npos) p.value().requires_grad_(trainable);
+  }
+}
+
+void LlamaModel::InitAdapters(uint64_t seed) {
+  if (!config_.lora.enabled()) return;
+  torch::NoGradGuard no_grad;
+  // A: kaiming-uniform(a = sqrt(5)) over fan_in = in, i.e. U(-1/sqrt(in), 1/sqrt(in)), as
+  // PEFT (torch.nn.Linear's default init); B: zeros, so the adapter starts as the identity.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x4c6f5241ULL);
+  for (auto& layer : layers_) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      if (!layer.lora_a[m].defined()) continue;
+      const double bound = 1.0 / std::sqrt(static_cast<double>(layer.lora_a[m].size(1)));
+      at::Tensor r = at::empty(layer.lora_a[m].sizes(), at::kFloat);
+      r.uniform_(-bound, bound, gen);
+      layer.lora_a[m].copy_(r);
+      layer.lora_b[m].zero_();
+    }
+  }
+  if (merged_) Remerge();
+}
+
 void LlamaModel::InitRandom(uint64_t seed, double std) {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& layer : layers_)  // merged: the live rows are re-drawn as the new base below
+      for (auto& b : layer.lora_base) b = at::Tensor();
+  }
+  const bool was_merged = merged_;
+  merged_ = false;
+  DrawBase(seed, std);
+  if (was_merged) SetMerged(true);
+  InitAdapters(seed);
+}
+
+void LlamaModel::DrawBase(uint64_t seed, double std) {
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (auto& [name, t] : NamedWeights()) {
@@ -188,8 +246,146 @@ NamedTensors LlamaModel::NamedWeights() const {
   return out;
 }
 
+// ------------------------------------------------------------------ LoRA
+
+namespace {
+
+std::string AdapterName(size_t layer, int module, const char* ab) {
+  return fmt::format("base_model.model.model.layers.{}.{}.{}.{}.weight", layer,
+                     LoraModuleParent(module), LoraModuleName(module), ab);
+}
+
+}  // namespace
+
+torch::Tensor LlamaModel::ModuleWeight(const Layer& l, int module) const {
+  const int64_t f = config_.ffn_dim;
+  switch (module) {
+    case 0:
+      return l.qkv_w.narrow(0, 0, q_size_);
+    case 1:
+      return l.qkv_w.narrow(0, q_size_, kv_size_);
+    case 2:
+      return l.qkv_w.narrow(0, q_size_ + kv_size_, kv_size_);
+    case 3:
+      return l.o_w;
+    case 4:
+      return l.gate_up_w.narrow(0, 0, f);
+    case 5:
+      return l.gate_up_w.narrow(0, f, f);
+    default:
+      return l.down_w;
+  }
+}
+
+torch::Tensor LlamaModel::WithLora(const Layer& l, Fused fused, const torch::Tensor& x,
+                                   torch::Tensor y) const {
+  if (merged_ || !config_.lora.enabled()) return y;
+  static constexpr int kFirst[] = {0, 3, 4, 6}, kCount[] = {3, 1, 2, 1};
+  const double p = config_.lora.dropout, scale = config_.lora.scale();
+  const bool drop = p > 0 && is_training() && at::GradMode::is_enabled();
+  int64_t offset = 0;
+  for (int m = kFirst[fused]; m < kFirst[fused] + kCount[fused]; ++m) {
+    const int64_t rows = ModuleWeight(l, m).size(0);
+    if (l.lora_a[m].defined()) {
+      // Into the module's output columns in place: autograd keeps only x and the rank-r
+      // intermediate for backward, never an output-sized delta.
+      at::Tensor low = at::linear(drop ? at::dropout(x, p, /*train=*/true) : x, l.lora_a[m]);
+      y.narrow(-1, offset, rows).add_(at::linear(low, l.lora_b[m]), scale);
+    }
+    offset += rows;
+  }
+  return y;
+}
+
+NamedTensors LlamaModel::AdapterWeights() const {
+  NamedTensors out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      if (!layers_[i].lora_a[m].defined()) continue;
+      out.emplace_back(AdapterName(i, m, "lora_A"), layers_[i].lora_a[m]);
+      out.emplace_back(AdapterName(i, m, "lora_B"), layers_[i].lora_b[m]);
+    }
+  }
+  return out;
+}
+
+NamedTensors LlamaModel::StateWeights() const {
+  NamedTensors out = NamedWeights();
+  for (auto& t : AdapterWeights()) out.push_back(std::move(t));
+  return out;
+}
+
+NamedTensors LlamaModel::MergedWeights() const {
+  NamedTensors out = NamedWeights();
+  if (merged_ || !config_.lora.enabled()) return out;
+  torch::NoGradGuard no_grad;
+  std::unordered_map<std::string, at::Tensor> merged;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      if (!l.lora_a[m].defined()) continue;
+      at::Tensor w = ModuleWeight(l, m);
+      merged[fmt::format("model.layers.{}.{}.{}.weight", i, LoraModuleParent(m),
+                         LoraModuleName(m))] =
+          w + at::mm(l.lora_b[m], l.lora_a[m]) * config_.lora.scale();
+    }
+  }
+  for (auto& [name, t] : out) {
+    auto it = merged.find(name);
+    if (it != merged.end()) t = it->second;
+  }
+  return out;
+}
+
+void LlamaModel::SetMerged(bool merged) {
+  if (!config_.lora.enabled() || merged == merged_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& l : layers_) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      if (!l.lora_a[m].defined()) continue;
+      if (merged) {
+        l.lora_base[m] = ModuleWeight(l, m).clone();
+      } else {
+        ModuleWeight(l, m).copy_(l.lora_base[m]);  // the pure base again
+        l.lora_base[m] = at::Tensor();
+      }
+    }
+  }
+  merged_ = merged;
+  if (merged_) Remerge();
+}
+
+void LlamaModel::Remerge() {
+  torch::NoGradGuard no_grad;
+  const double scale = config_.lora.scale();
+  for (auto& l : layers_) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      if (!l.lora_a[m].defined()) continue;
+      // W = base + scale * B A, computed into the live rows without a temporary of W's size.
+      at::Tensor w = ModuleWeight(l, m);
+      w.copy_(l.lora_base[m]);
+      w.addmm_(l.lora_b[m], l.lora_a[m], /*beta=*/1.0, /*alpha=*/scale);
+    }
+  }
+}
+
 Status LlamaModel::LoadNamed(const NamedTensors& named, const LoadOptions& options) {
   NamedTensors mine = NamedWeights();
+  const size_t num_base = mine.size();
+  if (merged_) {
+    // Base rows of targeted modules load into the private base copy; Remerge() folds them.
+    std::unordered_map<std::string, at::Tensor> copies;
+    for (size_t i = 0; i < layers_.size(); ++i)
+      for (int m = 0; m < kNumLoraModules; ++m)
+        if (layers_[i].lora_base[m].defined())
+          copies[fmt::format("model.layers.{}.{}.{}.weight", i, LoraModuleParent(m),
+                             LoraModuleName(m))] = layers_[i].lora_base[m];
+    for (auto& [name, t] : mine) {
+      auto it = copies.find(name);
+      if (it != copies.end()) t = it->second;
+    }
+  }
+  for (auto& t : AdapterWeights()) mine.push_back(std::move(t));
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < mine.size(); ++i) index.emplace(mine[i].first, i);
   std::vector<int> seen(mine.size(), 0);
@@ -203,6 +399,18 @@ Status LlamaModel::LoadNamed(const NamedTensors& named, const LoadOptions& optio
         return InvalidArgument(
             "tensor 'lm_head.weight' given but the model ties its output head to the embedding "
             "(tie_word_embeddings=true)");
+      if (name.find(".lora_A.") != std::string::npos ||
+          name.find(".lora_B.") != std::string::npos) {
+        if (!config_.lora.enabled())
+          return InvalidArgument(
+              "tensor '{}' is a LoRA adapter but this model has no LoRA (set lora.rank and "
+              "lora.target_modules to the learner's)",
+              name);
+        return InvalidArgument(
+            "adapter tensor '{}' has no place in this model (its LoRA targets {}; the sender's "
+            "lora.target_modules or layer count differ)",
+            name, fmt::join(config_.lora.target_modules, ","));
+      }
       return InvalidArgument("unexpected tensor '{}' (no such parameter in a model with {})", name,
                              config_.ToString());
     }
@@ -222,12 +430,21 @@ Status LlamaModel::LoadNamed(const NamedTensors& named, const LoadOptions& optio
       return InvalidArgument("tensor '{}' holds NaN or Inf values", name);
     plan.emplace_back(it->second, &t);
   }
-  if (options.require_all) {
-    for (size_t i = 0; i < mine.size(); ++i)
-      if (!seen[i]) return NotFound("tensor '{}' is missing", mine[i].first);
+  bool any_base = false, any_adapter = false;
+  for (size_t i = 0; i < mine.size(); ++i) (i < num_base ? any_base : any_adapter) |= seen[i] > 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (seen[i]) continue;
+    const bool adapter = i >= num_base;
+    if ((!adapter && options.require_all && (any_base || !any_adapter)) ||
+        (adapter && (options.require_adapters || (options.require_all && any_adapter))))
+      return NotFound("tensor '{}' is missing{}", mine[i].first,
+                      adapter && !any_adapter ? " (the update carries no LoRA adapter; this "
+                                                "model has lora " + config_.lora.ToString() + ")"
+                                              : "");
   }
   torch::NoGradGuard no_grad;
   for (const auto& [i, src] : plan) mine[i].second.copy_(*src);
+  if (merged_ && !plan.empty()) Remerge();
   return Status::Ok();
 }
 
@@ -274,9 +491,10 @@ torch::Tensor LlamaModel::Rope(const torch::Tensor& x, const torch::Tensor& cos,
 }
 
 torch::Tensor LlamaModel::Mlp(const Layer& layer, const torch::Tensor& x) const {
-  at::Tensor gu = at::linear(x, layer.gate_up_w);
+  at::Tensor gu = WithLora(layer, kGateUp, x, at::linear(x, layer.gate_up_w));
   const int64_t f = config_.ffn_dim;
-  return at::linear(at::silu(gu.narrow(-1, 0, f)) * gu.narrow(-1, f, f), layer.down_w);
+  at::Tensor act = at::silu(gu.narrow(-1, 0, f)) * gu.narrow(-1, f, f);
+  return WithLora(layer, kDown, act, at::linear(act, layer.down_w));
 }
 
 torch::Tensor LlamaModel::Head(const torch::Tensor& x) const {
@@ -321,7 +539,8 @@ torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch
                .triu(1);
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& layer = layers_[li];
-    at::Tensor qkv = at::linear(RmsNorm(x, layer.input_norm), layer.qkv_w, layer.qkv_b);
+    at::Tensor h = RmsNorm(x, layer.input_norm);
+    at::Tensor qkv = WithLora(layer, kQkv, h, at::linear(h, layer.qkv_w, layer.qkv_b));
     at::Tensor q = qkv.narrow(-1, 0, q_size_).view({B, T, H, head_dim_});
     at::Tensor k = qkv.narrow(-1, q_size_, kv_size_).view({B, T, Hkv, head_dim_});
     if (layer.q_norm.defined()) {
@@ -339,7 +558,8 @@ torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch
           .narrow(2, 0, T)
           .index_copy_(0, slots, v.permute({0, 2, 1, 3}));
     }
-    x = x + at::linear(Attend(q, k, v, mask, Hkv), layer.o_w);
+    at::Tensor attn = Attend(q, k, v, mask, Hkv);
+    x = x + WithLora(layer, kO, attn, at::linear(attn, layer.o_w));
     x = x + Mlp(layer, RmsNorm(x, layer.post_norm));
   }
   return x;
@@ -397,12 +617,16 @@ torch::Tensor LlamaModel::Step(const torch::Tensor& tokens, const torch::Tensor&
     at::Tensor h = cpu::RmsNormRows(x, layer.input_norm, eps);
     at::Tensor qkv = layer.qkv_b.defined() ? at::addmm(layer.qkv_b, h, layer.qkv_w.t())
                                            : at::mm(h, layer.qkv_w.t());
+    qkv = WithLora(layer, kQkv, h, qkv).contiguous();
     cpu::PackedAttention(qkv, slots, positions, rope_cos_, rope_sin_,
                          cache.k(static_cast<int64_t>(li)), cache.v(static_cast<int64_t>(li)), H,
                          Hkv, head_dim_, attn, layer.q_norm, layer.k_norm, eps);
     x = at::addmm(x, attn, layer.o_w.t());
+    x = WithLora(layer, kO, attn, x);  // x + W attn + scale * B A attn
     h = cpu::RmsNormRows(x, layer.post_norm, eps);
-    x = at::addmm(x, cpu::SiluMulRows(at::mm(h, layer.gate_up_w.t())), layer.down_w.t());
+    at::Tensor act =
+        cpu::SiluMulRows(WithLora(layer, kGateUp, h, at::mm(h, layer.gate_up_w.t())).contiguous());
+    x = WithLora(layer, kDown, act, at::addmm(x, act, layer.down_w.t()));
   }
   x = x.index_select(0, logit_rows);
   return Head(cpu::RmsNormRows(x, final_norm_, eps));
@@ -434,7 +658,8 @@ torch::Tensor LlamaModel::Decode(const torch::Tensor& tokens, const torch::Tenso
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& layer = layers_[li];
-    at::Tensor qkv = at::linear(RmsNorm(x, layer.input_norm), layer.qkv_w, layer.qkv_b);
+    at::Tensor hn = RmsNorm(x, layer.input_norm);
+    at::Tensor qkv = WithLora(layer, kQkv, hn, at::linear(hn, layer.qkv_w, layer.qkv_b));
     at::Tensor q = qkv.narrow(1, 0, q_size_).view({n, H, head_dim_});
     at::Tensor k = qkv.narrow(1, q_size_, kv_size_).view({n, Hkv, head_dim_});
     if (layer.q_norm.defined()) {
@@ -454,7 +679,7 @@ torch::Tensor LlamaModel::Decode(const torch::Tensor& tokens, const torch::Tenso
         at::matmul(q.view({n, Hkv, G, head_dim_}), K.transpose(-1, -2)).to(at::kFloat) * scale;
     at::Tensor p = at::softmax(scores + mask, -1).to(x.scalar_type());
     at::Tensor attn = at::matmul(p, V).reshape({n, q_size_});
-    x = x + at::linear(attn, layer.o_w);
+    x = x + WithLora(layer, kO, attn, at::linear(attn, layer.o_w));
     x = x + Mlp(layer, RmsNorm(x, layer.post_norm));
   }
   return Head(RmsNorm(x, final_norm_));

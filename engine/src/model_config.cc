@@ -70,6 +70,19 @@ int64_t ModelConfig::NumParameters() const {
   return total;
 }
 
+int64_t ModelConfig::NumAdapterParameters() const {
+  if (!lora.enabled()) return 0;
+  const int64_t q = n_heads * HeadDim(), kv = n_kv_heads * HeadDim();
+  // (in, out) of q k v o gate up down.
+  const int64_t dims[kNumLoraModules][2] = {{d_model, q},       {d_model, kv},      {d_model, kv},
+                                            {q, d_model},       {d_model, ffn_dim}, {d_model, ffn_dim},
+                                            {ffn_dim, d_model}};
+  int64_t per_layer = 0;
+  for (int m = 0; m < kNumLoraModules; ++m)
+    if (lora.Targets(m)) per_layer += lora.rank * (dims[m][0] + dims[m][1]);
+  return n_layers * per_layer;
+}
+
 Status ModelConfig::Validate() const {
   auto positive = [](const char* field, int64_t v, int64_t limit) -> Status {
     if (v <= 0 || v > limit)
@@ -126,7 +139,7 @@ Status ModelConfig::Validate() const {
       return InvalidArgument("model.rope_scaling.original_max_position_embeddings = {} must be >= 1",
                              s.original_max_position_embeddings);
   }
-  return Status::Ok();
+  return lora.Validate();
 }
 
 std::string ModelConfig::ToString() const {
@@ -136,10 +149,11 @@ std::string ModelConfig::ToString() const {
                          : "";
   return fmt::format(
       "arch={} layers={} d_model={} heads={}/{} head_dim={} ffn={} vocab={} max_seq_len={} "
-      "rope_theta={}{} eps={} tied={} attn_bias={} qk_norm={} dtype={} params={}",
+      "rope_theta={}{} eps={} tied={} attn_bias={} qk_norm={} dtype={} params={}{}",
       architecture, n_layers, d_model, n_heads, n_kv_heads, HeadDim(), ffn_dim, vocab_size,
       max_seq_len, rope_theta, rope, rms_norm_eps, tie_word_embeddings, attention_bias, QkNorm(),
-      DTypeName(dtype), NumParameters());
+      DTypeName(dtype), NumParameters(),
+      lora.enabled() ? " lora=" + lora.ToString() : std::string());
 }
 
 namespace {

@@ -48,6 +48,12 @@ CLI::App* AddExportCommand(CLI::App& app, ExportArgs* a) {
   cmd->add_option("--max-shard-size", a->max_shard_size,
                   "largest shard, e.g. 5GB (the default, as Hugging Face), 500MB, 64MiB")
       ->capture_default_str();
+  auto* adapter = cmd->add_flag("--adapter", a->adapter,
+                                "LoRA checkpoints: write the PEFT adapter alone (adapter_config.json "
+                                "+ adapter_model.safetensors)");
+  cmd->add_flag("--merged", a->merged,
+                "LoRA checkpoints: write the base with the adapter folded in (W + alpha/r * B A)")
+      ->excludes(adapter);
   return cmd;
 }
 
@@ -78,6 +84,35 @@ Result<std::string> CheckpointOfStep(const std::string& root, int64_t step) {
 
 }  // namespace
 
+// `--adapter`: the checkpoint's PEFT folder, copied into `to` (which must not exist or be
+// empty) through a sibling temporary folder renamed into place.
+template <typename Fail>
+int ExportAdapter(const fs::path& adapter, const std::string& to, const Fail& fail) {
+  std::error_code ec;
+  if (fs::exists(to, ec) && !fs::is_empty(to, ec)) return fail(to + " exists and is not empty", 2);
+  auto text = ReadFile((adapter / "adapter_config.json").string());
+  if (!text.ok()) return fail(text.status().message(), 1);
+  auto config = engine::ParseAdapterConfig(*text, (adapter / "adapter_config.json").string());
+  if (!config.ok()) return fail(config.status().message(), 2);
+  const fs::path tmp = fs::path(fs::absolute(to, ec).lexically_normal().string() + ".tmp");
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  for (const char* name : {"adapter_config.json", "adapter_model.safetensors"})
+    if (!ec) fs::copy_file(adapter / name, tmp / name, ec);
+  if (!ec) {
+    fs::remove(to, ec);
+    ec.clear();
+    fs::rename(tmp, to, ec);
+  }
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    return fail(fmt::format("cannot write {}: {}", to, ec.message()), 1);
+  }
+  std::cout << fmt::format("exported the LoRA adapter ({}) of {} to {}\n", config->lora.ToString(),
+                           adapter.parent_path().filename().string(), to);
+  return 0;
+}
+
 int RunExport(const std::string& runs_dir, const ExportArgs& a) {
   log::Options quiet;
   quiet.level = spdlog::level::warn;
@@ -95,10 +130,40 @@ int RunExport(const std::string& runs_dir, const ExportArgs& a) {
   if (!ckpt.ok()) return fail(ckpt.status().message(), 2);
   const fs::path dir(*ckpt);
   std::error_code ec;
+  const fs::path adapter = dir / "adapter";
+  const bool lora = fs::exists(adapter / "adapter_config.json", ec);
+  if ((a.adapter || a.merged) && !lora)
+    return fail(fmt::format("{} holds no LoRA adapter (the job trained the full model): drop "
+                            "--{}", *ckpt, a.adapter ? "adapter" : "merged"),
+                2);
+  if (lora && !a.adapter && !a.merged)
+    return fail(*ckpt + " holds a LoRA adapter: pass --adapter (the PEFT adapter alone) or "
+                        "--merged (the base with the adapter folded in)",
+                2);
+  if (a.adapter) return ExportAdapter(adapter, a.to, fail);
   engine::HfExportInput in;
   in.weight_files = {(dir / "model.safetensors").string()};
   if (!fs::exists(in.weight_files[0], ec))
     return fail(*ckpt + " has no model.safetensors", 2);
+  std::string merged_file;
+  if (a.merged) {
+    // The merged weights go to a temporary file beside the target, then through the export.
+    merged_file = fs::absolute(fs::path(a.to)).lexically_normal().string() + ".merged.tmp";
+    Status st = engine::MergeAdapterIntoSafetensors(in.weight_files[0], adapter.string(),
+                                                    merged_file);
+    if (!st.ok()) {
+      fs::remove(merged_file, ec);
+      return fail(st.message(), st.code() == Code::kIo ? 1 : 2);
+    }
+    in.weight_files = {merged_file};
+  }
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code e;
+      if (!path.empty()) fs::remove(path, e);
+    }
+  } cleanup{merged_file};
   if (fs::exists(dir / "config.json", ec)) {
     // A checkpoint written by this version: it carries its Hugging Face files.
     for (const char* name : {"config.json", "generation_config.json"}) {

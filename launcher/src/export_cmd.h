@@ -3,6 +3,11 @@
 // generation_config.json, the tokenizer files) that transformers, Troupe's `model.from`
 // and the parity reference load with bit-identical weights. Torch-free: tensors are copied
 // byte for byte through troupe::hf_folder.
+//
+// LoRA checkpoints (an `adapter/` PEFT folder beside the frozen base): `--adapter` writes
+// the PEFT adapter alone (adapter_config.json + adapter_model.safetensors, for PEFT or
+// vLLM's --lora-modules on top of the base), `--merged` the base with the adapter folded
+// in (W + alpha/r * B A) as a plain model folder. One of the two is required.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +24,8 @@ struct ExportArgs {
   int64_t checkpoint = -1;             // checkpoint step (-1: the latest)
   std::string to;                      // the folder to write (must not exist or be empty)
   std::string max_shard_size = "5GB";  // shard limit: bytes, or with KB/MB/GB (10^3) or KiB/MiB/GiB
+  bool adapter = false;                // LoRA: the PEFT adapter alone
+  bool merged = false;                 // LoRA: base + adapter folded into one model
 };
 
 // Registers the subcommand on `app`; parsed values land in *args.

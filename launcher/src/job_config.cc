@@ -54,6 +54,9 @@ void Describe(Binder& b, EngineSpec& c) {
   b.Field("intra_op_threads", &c.intra_op_threads, "torch threads per engine");
   b.Field("device", &c.device, "cpu | cuda | cuda:N");
   b.Field("fused_cpu_kernels", &c.fused_cpu_kernels, "fused CPU decode kernels");
+  b.Field("lora_merged", &c.lora_merged,
+          "LoRA: merge adapters into the weights at each update (default; false: apply them "
+          "unmerged at every step)");
 }
 void Describe(Binder& b, WarmStartSpec& c) {
   b.Field("init_from", &c.init_from,
@@ -278,6 +281,7 @@ void ApplyModelFrom(Binder& b, const ModelSection& section, JobConfig& c) {
           num(given.tie_word_embeddings), num(m.tie_word_embeddings));
   differs("attention_bias", given.attention_bias == m.attention_bias, num(given.attention_bias),
           num(m.attention_bias));
+  m.lora = c.model.lora;  // the job's, not the folder's
   c.model = m;
   // The folder's tokenizer unless another one is named.
   if (c.tokenizer.path.empty()) {
@@ -344,6 +348,9 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("echo", &echo, "echo reference actors (tests and demos)");
   ModelSection model{&c.model, &c.model_from, {}};
   b.Section("model", &model, "the policy model (Llama 3 / Qwen2 / Qwen3 decoder)");
+  b.Section("lora", &c.model.lora,
+            "LoRA adapters: the base is frozen, only adapters train and travel (Hugging Face "
+            "PEFT names and files)");
   b.Section("tokenizer", &c.tokenizer, "the job's tokenizer (character or Hugging Face)");
   b.Section("chat", &c.chat, "how prompts and replies are rendered (chat template or fixed format)");
   // `task:` (one task) or `tasks:` (a list).

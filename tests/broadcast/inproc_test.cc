@@ -18,6 +18,7 @@
 #include "troupe/broadcast/receiver.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_annotations.h"
 #include "troupe/transport/zmq_network.h"
 #include "weights_fixture.h"
 
@@ -331,6 +332,132 @@ TEST(Inproc, VersionsMustIncreaseAndBadTensorsAreRejected) {
   EXPECT_EQ(st.code(), Code::kInvalidArgument);
   EXPECT_NE(st.message().find("appears twice"), std::string::npos);
 }
+
+
+// ----------------------------------------------------------------- LoRA: adapter-only sync
+
+// A receiver that records what every delivery carried (names and bytes).
+struct RecordingReceiver {
+  std::unique_ptr<transport::Network> net;
+  std::unique_ptr<WeightReceiver> receiver;
+  Mutex mu;
+  std::vector<std::pair<uint64_t, NamedTensors>> got TROUPE_GUARDED_BY(mu);
+
+  static std::unique_ptr<RecordingReceiver> Make(const std::string& id, const std::string& learner) {
+    auto out = std::make_unique<RecordingReceiver>();
+    ReceiverConfig rc;
+    rc.actor_id = id;
+    rc.learner_endpoint = learner;
+    rc.heartbeat_ms = 100;
+    rc.learner_timeout_ms = 8000;
+    out->net = Net(id);
+    RecordingReceiver* self = out.get();
+    auto r = WeightReceiver::Create(rc, *out->net, [self](const ReceivedWeights& w) {
+      NamedTensors copy;
+      for (const auto& [name, t] : w.named) copy.emplace_back(name, t.clone());
+      MutexLock l(self->mu);
+      self->got.emplace_back(w.version, std::move(copy));
+      return Status::Ok();
+    });
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) out->receiver = std::move(r).value();
+    return out;
+  }
+  std::vector<std::pair<uint64_t, NamedTensors>> deliveries() {
+    MutexLock l(mu);
+    return got;
+  }
+};
+
+NamedTensors Adapters(uint64_t version) {
+  NamedTensors a = MakeWeights(Seed() + 17, version, WeightsSpec{2, 16, 8, 64});
+  for (auto& [name, t] : a) name = "adapter." + name;
+  return a;
+}
+
+uint64_t Bytes(const NamedTensors& n) {
+  uint64_t b = 0;
+  for (const auto& [name, t] : n) b += t.nbytes();
+  return b;
+}
+
+std::set<std::string> Names(const NamedTensors& n) {
+  std::set<std::string> s;
+  for (const auto& [name, t] : n) s.insert(name);
+  return s;
+}
+
+class LoraSync : public ::testing::TestWithParam<Case> {};
+
+// The base reaches the group once, with the first broadcast after SetBase; every later
+// broadcast carries only the adapters (payload and the learner's sent bytes ≤ 1.1 × their
+// size on a chain); a newcomer's catch-up carries base + current adapters in one transfer.
+TEST_P(LoraSync, BaseOnceThenAdaptersAndNewcomersGetBoth) {
+  const Case c = GetParam();
+  BroadcastConfig cfg = TestConfig(c.backend);
+  cfg.gloo_algorithm = c.gloo;
+  cfg.zmq_topology = c.zmq;
+  auto net = Net("learner");
+  auto sender = WeightSender::Create(cfg, *net);
+  ASSERT_TRUE(sender.ok()) << sender.status().ToString();
+  WeightSender& s = **sender;
+  std::vector<std::unique_ptr<RecordingReceiver>> rs;
+  for (int i = 0; i < 2; ++i) rs.push_back(RecordingReceiver::Make("r" + std::to_string(i), s.endpoint()));
+  ASSERT_TRUE(s.WaitForMembers(2, Deadline::InMs(20000)).ok());
+  const NamedTensors base = MakeWeights(Seed(), 0, kSpec);
+  EXPECT_FALSE(s.SetBase({{"", base[0].second}}).ok()) << "empty names are refused";
+  ASSERT_TRUE(s.SetBase(base).ok());
+  const uint64_t adapter_bytes = Bytes(Adapters(1));
+  ASSERT_LT(adapter_bytes * 10, Bytes(base)) << "the test needs a base much larger than adapters";
+  for (uint64_t v = 1; v <= 4; ++v) {
+    const uint64_t sent0 = s.stats().bytes_sent;
+    ASSERT_TRUE(s.Broadcast(v, Adapters(v), Deadline::InMs(30000)).ok()) << v;
+    const uint64_t sent = s.stats().bytes_sent - sent0;
+    const uint64_t payload = s.last_report().payload_bytes;
+    if (v == 1) {
+      EXPECT_GE(payload, Bytes(base) + adapter_bytes);
+    } else {
+      EXPECT_LE(payload, 1.1 * adapter_bytes) << "version " << v;
+      EXPECT_GE(payload, adapter_bytes);
+      // The learner's link: one copy on a chain (gloo counts one per transfer).
+      EXPECT_LE(sent, 1.1 * adapter_bytes) << "version " << v;
+    }
+  }
+  std::set<std::string> full = Names(base), adapters = Names(Adapters(1));
+  full.insert(adapters.begin(), adapters.end());
+  for (auto& r : rs) {
+    auto d = r->deliveries();
+    ASSERT_EQ(d.size(), 4u);
+    EXPECT_EQ(Names(d[0].second), full);
+    EXPECT_TRUE(CompareWeights(NamedTensors(d[0].second.begin(), d[0].second.begin() + base.size()),
+                               base, WireDtype::kAsStored)
+                    .ok());
+    for (size_t i = 1; i < d.size(); ++i) {
+      EXPECT_EQ(Names(d[i].second), adapters) << "version " << d[i].first;
+      EXPECT_TRUE(CompareWeights(d[i].second, Adapters(d[i].first), WireDtype::kAsStored).ok());
+    }
+  }
+  // A newcomer: one catch-up with the base and version 4's adapters, then adapters only.
+  auto late = RecordingReceiver::Make("late", s.endpoint());
+  ASSERT_TRUE(late->receiver->WaitForVersion(4, Deadline::InMs(20000)).ok());
+  ASSERT_TRUE(s.WaitForMembers(3, Deadline::InMs(20000)).ok());
+  ASSERT_TRUE(s.Broadcast(5, Adapters(5), Deadline::InMs(30000)).ok());
+  auto d = late->deliveries();
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].first, 4u);
+  EXPECT_EQ(Names(d[0].second), full);
+  NamedTensors caught_adapters(d[0].second.begin() + base.size(), d[0].second.end());
+  EXPECT_TRUE(CompareWeights(caught_adapters, Adapters(4), WireDtype::kAsStored).ok());
+  EXPECT_EQ(Names(d[1].second), adapters);
+  EXPECT_EQ(s.last_report().members.size(), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, LoraSync,
+    ::testing::Values(Case{Backend::kZmq}, Case{Backend::kGloo}, Case{Backend::kShm}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return std::string(BackendName(info.param.backend));
+    });
 
 }  // namespace
 }  // namespace troupe::broadcast

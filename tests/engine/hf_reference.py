@@ -18,8 +18,11 @@ float64.
          bit-identical (same dtype, shape and bytes) and the config must describe the
          same model; with --logits (float32 [T, vocab], tokens from REF_DIR/reference),
          those logits must match this script's forward of DIR within 1e-4.
-  logits DIR --tokens JSON_LIST --out FILE
-         the reference logits of DIR for the given tokens.
+  logits DIR --tokens JSON_LIST --out FILE [--adapter ADAPTER_DIR]
+         the reference logits of DIR for the given tokens (with a PEFT LoRA adapter applied
+         unmerged, from its adapter_config.json and adapter_model.safetensors).
+  make-adapter OUT --base DIR [--r R] [--alpha A] [--targets q_proj,...] [--seed S]
+         writes a PEFT LoRA adapter folder for DIR with random A and B.
   load   DIR  loads every tensor of DIR into float32 torch tensors (the benchmark's peer)
          and prints the seconds it took.
 
@@ -213,9 +216,21 @@ def rotate(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def forward(config, tensors, tokens):
-    """float64 logits [T, vocab] of one sequence at positions 0..T-1."""
+def forward(config, tensors, tokens, adapter=None):
+    """float64 logits [T, vocab] of one sequence at positions 0..T-1. `adapter`: a PEFT LoRA
+    adapter (read_adapter) applied unmerged, as PEFT's LoRA Linear layer does:
+    y = x W^T + (lora_alpha / r) * (x A^T) B^T, on the modules in its target_modules."""
     c = config
+
+    def lin(h, p, parent, module):
+        y = h @ w(p + "%s.%s.weight" % (parent, module)).T
+        if adapter is not None and module in adapter["target_modules"]:
+            key = "base_model.model." + p + "%s.%s." % (parent, module)
+            a = to_tensor(adapter["tensors"][key + "lora_A.weight"]).to(torch.float64)
+            b = to_tensor(adapter["tensors"][key + "lora_B.weight"]).to(torch.float64)
+            y = y + ((h @ a.T) @ b.T) * adapter["scale"]
+        return y
+
     kind = c["model_type"]
     w = lambda name: to_tensor(tensors[name]).to(torch.float64)
     raw = lambda name: to_tensor(tensors[name])
@@ -234,7 +249,7 @@ def forward(config, tensors, tokens):
         h = rms_norm(x, w(p + "input_layernorm.weight"), eps)
         proj = {}
         for name in ("q", "k", "v"):
-            y = h @ w(p + "self_attn.%s_proj.weight" % name).T
+            y = lin(h, p, "self_attn", name + "_proj")
             if biased:
                 y = y + w(p + "self_attn.%s_proj.bias" % name)
             proj[name] = y
@@ -251,11 +266,11 @@ def forward(config, tensors, tokens):
             kv = head // group       # query head h reads KV head h // (H / Hkv)
             scores = q[:, head, :] @ k[:, kv, :].T / math.sqrt(hd) + causal
             out[:, head, :] = torch.softmax(scores, dim=-1) @ v[:, kv, :]
-        x = x + out.reshape(T, H * hd) @ w(p + "self_attn.o_proj.weight").T
+        x = x + lin(out.reshape(T, H * hd), p, "self_attn", "o_proj")
         h = rms_norm(x, w(p + "post_attention_layernorm.weight"), eps)
-        gate = h @ w(p + "mlp.gate_proj.weight").T
-        up = h @ w(p + "mlp.up_proj.weight").T
-        x = x + (gate * torch.sigmoid(gate) * up) @ w(p + "mlp.down_proj.weight").T
+        gate = lin(h, p, "mlp", "gate_proj")
+        up = lin(h, p, "mlp", "up_proj")
+        x = x + lin(gate * torch.sigmoid(gate) * up, p, "mlp", "down_proj")
     x = rms_norm(x, w("model.norm.weight"), eps)
     head = raw("model.embed_tokens.weight" if c.get("tie_word_embeddings", False) else "lm_head.weight")
     rows = 16384   # the output head in slices: never a float64 copy of a 151k-row matrix
@@ -428,7 +443,61 @@ def cmd_load(a):
 
 def cmd_logits(a):
     config, tensors = load_folder(a.dir)
-    write_logits(a.out, forward(config, tensors, json.loads(a.tokens)))
+    adapter = read_adapter(a.adapter) if a.adapter else None
+    write_logits(a.out, forward(config, tensors, json.loads(a.tokens), adapter))
+
+
+# ------------------------------------------------------------------ PEFT LoRA adapters
+# Written from PEFT's published format (adapter_config.json keys, tensor names
+# base_model.model.<module path>.lora_A.weight / lora_B.weight) and the LoRA paper's math.
+
+LORA_MODULES = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def read_adapter(folder):
+    with open(os.path.join(folder, "adapter_config.json")) as f:
+        c = json.load(f)
+    assert c["peft_type"] == "LORA", c["peft_type"]
+    for key, default in (("use_rslora", False), ("use_dora", False), ("fan_in_fan_out", False),
+                         ("bias", "none")):
+        assert c.get(key, default) == default, "%s = %r" % (key, c[key])
+    tensors, _ = read_safetensors(os.path.join(folder, "adapter_model.safetensors"))
+    return {"target_modules": set(c["target_modules"]), "scale": c["lora_alpha"] / c["r"],
+            "r": c["r"], "tensors": tensors}
+
+
+def cmd_make_adapter(a):
+    """A PEFT adapter for DIR with random A and B (B non-zero, unlike a fresh adapter, so
+    that a forward ignoring it is caught)."""
+    config, _ = load_folder(a.base)
+    c = config
+    hd = head_dim(c)
+    q, kv = c["num_attention_heads"] * hd, c.get("num_key_value_heads", c["num_attention_heads"]) * hd
+    d, f = c["hidden_size"], c["intermediate_size"]
+    dims = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+            "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
+    targets = a.targets.split(",")
+    g = torch.Generator().manual_seed(a.seed)
+    out = []
+    for layer in range(c["num_hidden_layers"]):
+        for m in LORA_MODULES:
+            if m not in targets:
+                continue
+            fan_in, fan_out = dims[m]
+            key = "base_model.model.model.layers.%d.%s.%s." % (layer, LORA_MODULES[m], m)
+            bound = 1.0 / math.sqrt(fan_in)
+            out.append((key + "lora_A.weight", (torch.rand(a.r, fan_in, generator=g) * 2 - 1) * bound))
+            out.append((key + "lora_B.weight", torch.randn(fan_out, a.r, generator=g) * 0.05))
+    os.makedirs(a.out, exist_ok=True)
+    write_safetensors(os.path.join(a.out, "adapter_model.safetensors"), out, {"format": "pt"})
+    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": a.r, "lora_alpha": a.alpha,
+           "lora_dropout": 0.0, "target_modules": targets, "bias": "none",
+           "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+           "base_model_name_or_path": os.path.abspath(a.base), "modules_to_save": None,
+           "init_lora_weights": True, "inference_mode": True}
+    with open(os.path.join(a.out, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
 
 
 def main():
@@ -453,11 +522,20 @@ def main():
     l.add_argument("dir")
     l.add_argument("--tokens", required=True)
     l.add_argument("--out", required=True)
+    l.add_argument("--adapter", default="")
     ld = sub.add_parser("load")
     ld.add_argument("dir")
+    ma = sub.add_parser("make-adapter")
+    ma.add_argument("out")
+    ma.add_argument("--base", required=True)
+    ma.add_argument("--r", type=int, default=8)
+    ma.add_argument("--alpha", type=float, default=16)
+    ma.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    ma.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    {"make": cmd_make, "check": cmd_check, "logits": cmd_logits, "load": cmd_load}[a.cmd](a)
+    {"make": cmd_make, "check": cmd_check, "logits": cmd_logits, "load": cmd_load,
+     "make-adapter": cmd_make_adapter}[a.cmd](a)
 
 
 if __name__ == "__main__":

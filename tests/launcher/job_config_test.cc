@@ -108,6 +108,31 @@ TEST(JobConfig, AgentServersAreReadAndValidated) {
   }
 }
 
+TEST(JobConfig, LoraSectionBindsAndRefusesUnknownModulesByName) {
+  ConfigFile f("lora", "name: l\nlora: {rank: 8, target_modules: [q_proj, v_proj, down_proj]}\n");
+  auto c = LoadJobConfig(f.path(), {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model.lora.rank, 8);
+  EXPECT_DOUBLE_EQ(c->model.lora.scale(), 1.0) << "alpha defaults to rank (PEFT)";
+  EXPECT_EQ(c->model.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj", "down_proj"}));
+  EXPECT_TRUE(c->engine.lora_merged);
+  // The resolved config keeps it.
+  ConfigFile resolved("lora_resolved", ResolvedConfigYaml(*c));
+  auto again = LoadResolvedConfig(resolved.path());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->model.lora.ToString(), c->model.lora.ToString());
+  for (const auto& [set, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"lora.target_modules=[q_proj, qkv]", "'qkv'"},
+           {"lora.rank=-2", "lora.rank"},
+           {"lora.dropout=1.5", "lora.dropout"},
+           {"lora.ranks=4", "lora.ranks"}}) {
+    auto bad = LoadJobConfig(f.path(), {set});
+    ASSERT_FALSE(bad.ok()) << set;
+    EXPECT_NE(bad.status().message().find(needle), std::string::npos)
+        << set << ": " << bad.status().message();
+  }
+}
+
 // Across nodes with CURVE on, the weight backends CURVE cannot cover (gloo's and NCCL's own
 // connections) are refused unless the user consents with a key that names what it gives up.
 TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {

@@ -135,6 +135,71 @@ TEST(Checkpoint, ResumeGivesBitExactLosses) {
   EXPECT_EQ(ca.trained_tokens, cb.trained_tokens);
 }
 
+// LoRA: only adapters train (and AdamW holds only their state); a checkpoint holds the PEFT
+// adapter and hard-links the frozen base of the previous one; resuming is bit-exact.
+TEST(Checkpoint, LoraTrainsAdaptersOnlyAndResumesBitExactly) {
+  TempDir dir;
+  const auto batches = FixedBatches(5);
+  auto lora_model = [](uint64_t seed) {
+    engine::ModelConfig m = testing::SmallModelConfig();
+    m.lora.rank = 4;
+    m.lora.alpha = 8;
+    m.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+    return std::make_shared<engine::LlamaModel>(m, seed);
+  };
+  auto make = [&](uint64_t seed) {
+    auto l = Learner::Create(ResumeConfig(), lora_model(seed), lora_model(seed + 1));
+    TROUPE_CHECK_MSG(l.ok(), "{}", l.status().ToString());
+    return std::move(l).value();
+  };
+  auto a = make(1);
+  EXPECT_FALSE(a->base_trainable());
+  // The full warm start trains the base too, then it is frozen again.
+  ASSERT_TRUE(a->SetBaseTrainable(true).ok());
+  ASSERT_TRUE(a->SupervisedStep(Demos()).ok());
+  ASSERT_TRUE(a->SetBaseTrainable(false).ok());
+  a->SnapshotReference();
+  engine::NamedTensors base_before;
+  for (auto& [n, t] : a->NamedWeights()) base_before.emplace_back(n, t.clone());
+  for (int i = 0; i < 2; ++i) TrainOn(*a, batches[i]);
+  for (size_t i = 0; i < base_before.size(); ++i)
+    EXPECT_TRUE(at::equal(base_before[i].second, a->NamedWeights()[i].second))
+        << base_before[i].first << " changed while frozen";
+  auto first = a->SaveCheckpoint(dir.path());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  TrainOn(*a, batches[2]);
+  auto saved = a->SaveCheckpoint(dir.path());
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_TRUE(fs::exists(fs::path(*saved) / "adapter" / "adapter_config.json"));
+  EXPECT_TRUE(fs::equivalent(fs::path(*first) / "model.safetensors",
+                             fs::path(*saved) / "model.safetensors"))
+      << "the frozen base is written once";
+  EXPECT_EQ(a->BroadcastWeights().size(), a->policy().AdapterWeights().size());
+  std::vector<StepMetrics> ma;
+  for (int i = 3; i < 5; ++i) ma.push_back(TrainOn(*a, batches[i]));
+  auto b = make(77);
+  Status st = b->LoadCheckpoint(*saved);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int i = 3; i < 5; ++i) {
+    StepMetrics mb = TrainOn(*b, batches[i]);
+    EXPECT_EQ(mb.loss, ma[static_cast<size_t>(i - 3)].loss) << "update " << i;
+    EXPECT_EQ(mb.kl, ma[static_cast<size_t>(i - 3)].kl) << "update " << i;
+  }
+  auto wa = a->StateWeights(), wb = b->StateWeights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+  // A learner whose adapters have another rank refuses the checkpoint (nothing changes).
+  engine::ModelConfig r8 = testing::SmallModelConfig();
+  r8.lora.rank = 8;
+  r8.lora.alpha = 8;
+  r8.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  auto other = Learner::Create(ResumeConfig(), std::make_shared<engine::LlamaModel>(r8, 3),
+                               std::make_shared<engine::LlamaModel>(r8, 4));
+  ASSERT_TRUE(other.ok());
+  st = (*other)->LoadCheckpoint(*saved);
+  EXPECT_FALSE(st.ok()) << "a rank-4 checkpoint loaded into a rank-8 learner";
+}
+
 TEST(Checkpoint, KeepsNewestAndLatestPointsAtIt) {
   TempDir dir;
   auto l = Make(ResumeConfig(), 1);

@@ -26,6 +26,7 @@
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
 #include "troupe/engine/logprob.h"
+#include "troupe/engine/peft.h"
 #include "troupe/engine/safetensors.h"
 #include "troupe/trainer/advantages.h"
 #include "troupe/trainer/allocator.h"
@@ -203,6 +204,9 @@ struct Learner::State {
   // Training thread only.
   std::unique_ptr<Group> group;
   std::unique_ptr<torch::optim::AdamW> optimizer;
+  // LoRA with a frozen base: model.safetensors of the last checkpoint (hard-linked by the
+  // next one); empty when the base changed since or none was written.
+  std::string base_file;
   std::vector<at::Tensor> params;
   LagGate gate;
   BatchLimits limits;
@@ -279,9 +283,12 @@ Result<std::unique_ptr<Learner>> Learner::Create(const LearnerConfig& config,
   s.optimizer = MakeOptimizer(config, s.params);
   if (l->reference_) {
     for (auto& p : l->reference_->parameters()) p.requires_grad_(false);
-    Status st = l->reference_->LoadNamed(l->policy_->NamedWeights());
+    Status st = l->reference_->LoadNamed(l->policy_->StateWeights());
     if (!st.ok()) return st.WithContext("reference model does not match the policy");
   }
+  if (mc.lora.enabled())
+    Log().info("learner: LoRA {}: {} adapter parameters train, the {} of the base are frozen",
+               mc.lora.ToString(), mc.NumAdapterParameters(), mc.NumParameters());
   Log().info(
       "learner: {} params, advantage {}, aggregation {}, lr {}, max_policy_lag {}, "
       "updates_per_batch {}, batches_per_update {}, device {}",
@@ -393,6 +400,29 @@ void Learner::ResetOptimizer() {
   state_->optimizer = MakeOptimizer(config_, state_->params);
 }
 
+Status Learner::SetBaseTrainable(bool trainable) {
+  if (!policy_->config().lora.enabled())
+    return InvalidArgument("SetBaseTrainable: the policy has no LoRA (its base always trains)");
+  policy_->SetBaseTrainable(trainable);
+  state_->params.clear();
+  for (const auto& p : policy_->parameters())
+    if (p.requires_grad()) state_->params.push_back(p);
+  state_->optimizer = MakeOptimizer(config_, state_->params);
+  state_->base_file.clear();  // the base changes: the next checkpoint writes it
+  return Status::Ok();
+}
+
+bool Learner::base_trainable() const {
+  if (!policy_->config().lora.enabled()) return true;
+  for (const auto& [name, t] : policy_->NamedWeights())
+    if (t.requires_grad()) return true;
+  return false;
+}
+
+engine::NamedTensors Learner::BroadcastWeights() const {
+  return policy_->config().lora.enabled() ? policy_->AdapterWeights() : policy_->NamedWeights();
+}
+
 std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
   MutexLock l(state_->mu);
   std::vector<FinishedBatch> out;
@@ -402,7 +432,7 @@ std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
 
 void Learner::SnapshotReference() {
   if (!reference_) return;
-  Status st = reference_->LoadNamed(policy_->NamedWeights());
+  Status st = reference_->LoadNamed(policy_->StateWeights());
   TROUPE_CHECK_MSG(st.ok(), "reference snapshot: {}", st.ToString());
 }
 
@@ -904,10 +934,23 @@ Result<std::string> Learner::SaveCheckpoint(const std::string& root, const Check
   TROUPE_ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Begin(root, step));
   const std::map<std::string, std::string> meta = {{"troupe_version", std::to_string(version)},
                                                    {"troupe_step", std::to_string(step)}};
-  TROUPE_RETURN_IF_ERROR(engine::SaveModel(w.File("model.safetensors"), *policy_, meta));
+  const bool lora = policy_->config().lora.enabled();
+  // A frozen LoRA base is written once: later checkpoints hard-link the same file (each
+  // checkpoint stays a complete folder; rotation deletes links, never shared bytes).
+  std::error_code link_error(1, std::generic_category());
+  if (lora && !s.base_file.empty() && !base_trainable())
+    std::filesystem::create_hard_link(s.base_file, w.File("model.safetensors"), link_error);
+  if (link_error) {
+    TROUPE_RETURN_IF_ERROR(engine::SaveModel(w.File("model.safetensors"), *policy_, meta));
+  }
   hooks.Stage("model");
+  if (lora) {
+    TROUPE_RETURN_IF_ERROR(engine::SaveAdapter(w.File("adapter"), *policy_));
+    hooks.Stage("adapter");
+  }
   if (reference_) {
-    TROUPE_RETURN_IF_ERROR(engine::SaveModel(w.File("reference.safetensors"), *reference_, meta));
+    TROUPE_RETURN_IF_ERROR(engine::WriteSafetensors(w.File("reference.safetensors"),
+                                                    reference_->StateWeights(), meta));
     hooks.Stage("reference");
   }
   try {
@@ -948,6 +991,7 @@ Result<std::string> Learner::SaveCheckpoint(const std::string& root, const Check
     TROUPE_RETURN_IF_ERROR(WriteFileAtomic(w.File(name), contents));
   if (!extra_files.empty()) hooks.Stage("extra");
   TROUPE_ASSIGN_OR_RETURN(std::string dir, w.Commit(config_.keep_checkpoints, hooks));
+  if (lora && !base_trainable()) s.base_file = (std::filesystem::path(dir) / "model.safetensors").string();
   Log().info("checkpoint saved: {} (version {}, step {})", dir, version, step);
   return dir;
 }
@@ -1032,15 +1076,23 @@ Status Learner::LoadCheckpoint(const std::string& path) {
   // if the policy then fails.
   engine::NamedTensors ref_before;
   if (ref_file) {
-    for (auto& [name, t] : reference_->NamedWeights()) ref_before.emplace_back(name, t.clone());
+    for (auto& [name, t] : reference_->StateWeights()) ref_before.emplace_back(name, t.clone());
     TROUPE_RETURN_IF_ERROR(
         reference_->LoadNamed(ref_file->tensors).WithContext(file("reference.safetensors")));
   }
+  engine::NamedTensors adapter_before;
+  if (policy_->config().lora.enabled())
+    for (auto& [name, t] : policy_->AdapterWeights()) adapter_before.emplace_back(name, t.clone());
   Status st = policy_->LoadNamed(model_file.tensors);
+  if (st.ok() && policy_->config().lora.enabled()) {
+    st = engine::LoadAdapter(file("adapter"), *policy_);
+    if (!st.ok()) policy_->LoadNamed(adapter_before).IgnoreError();
+  }
   if (!st.ok()) {
     if (ref_file) reference_->LoadNamed(ref_before).IgnoreError();
     return st.WithContext(file("model.safetensors"));
   }
+  s.base_file.clear();
   if (reference_ && !ref_file) SnapshotReference();
   s.optimizer = std::move(optimizer);
   {

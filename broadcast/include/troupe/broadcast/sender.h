@@ -92,6 +92,15 @@ class WeightSender {
   // the "current weights" newcomers are caught up with.
   Status Broadcast(uint64_t version, const NamedTensors& named, Deadline deadline);
 
+  // Adapter-only broadcasts (LoRA). `base`: tensors every receiver needs once, which the
+  // caller does not change while they are set (a frozen base; the handles are kept, the
+  // data read when sent). The next Broadcast carries base + its own tensors to the group,
+  // until one such broadcast reached every member; later ones carry only their own
+  // tensors. A newcomer's catch-up carries base + the current tensors in one transfer.
+  // Calling it again replaces the base (it is sent again). Errors: empty/duplicate names,
+  // undefined tensors. Thread-safe.
+  Status SetBase(const NamedTensors& base);
+
   // Details of the last Broadcast call.
   BroadcastReport last_report() const;
 

@@ -167,7 +167,8 @@ class Engine {
   Status Submit(GenerateRequest request, Callback done);
 
   // Copies named tensors (Hugging Face names, LlamaModel::LoadNamed rules: all parameters,
-  // shapes must match, floating dtypes are cast) into the model and sets the version. Waits
+  // shapes must match, floating dtypes are cast; a LoRA model takes base + adapters or the
+  // adapters alone, and refuses an update without them) into the model and sets the version. Waits
   // for the running step and for pinned Generate() batches; blocks until applied or the
   // deadline (Timeout, nothing changed). Fails on a version lower than version() or bad
   // tensors (nothing changed).

@@ -67,6 +67,13 @@ struct EngineConfig {
   // Use the fused CPU decode kernels (RoPE + cache write + attention in one pass). Default
   // true; false runs plain torch ops (the path CUDA uses), e.g. to compare the two.
   bool fused_cpu_kernels = true;
+  // LoRA models: fold the adapters into the weights (W = base + scale * B A, recomputed from a
+  // private copy of the base at every weight update) instead of running them beside the
+  // frozen weights at every step. Default true: `lora_bench` measured merged generation
+  // 1.7-2.75x the unmerged tokens/s on the default model and 1.1-1.24x on an 8-layer d512 one
+  // (batch 128), for 2.5 / 30 ms per update and one more copy of the adapted matrices
+  // (README, LoRA rows).
+  bool lora_merged = true;
   // Seed of the initial random weights when no model is passed in. Default 0.
   uint64_t init_seed = 0;
   // How slots are refilled. kContinuous (default): a finished slot is refilled at the next

@@ -124,4 +124,14 @@ struct HfExportOptions {
 Status WriteHfFolder(const HfExportInput& input, const std::string& dir,
                      const HfExportOptions& options = {});
 
+// ---------------------------------------------------------------- LoRA
+
+// Folds a PEFT adapter (DIR/adapter_config.json + DIR/adapter_model.safetensors) into a copy
+// of the safetensors file `base_file` written to `out_file`: every targeted weight becomes
+// W + (alpha / r) * B A (float32 arithmetic, stored back in W's dtype: F32 or BF16; others
+// are refused by name). The tensors of the adapter must all find their weight, with shapes
+// [r, in] and [out, r] matching it. Torch-free (`troupe export --merged`).
+Status MergeAdapterIntoSafetensors(const std::string& base_file, const std::string& adapter_dir,
+                                   const std::string& out_file);
+
 }  // namespace troupe::engine

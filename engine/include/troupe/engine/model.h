@@ -19,6 +19,13 @@
 // stored as one fused matrix (fewer, larger matmuls); NamedWeights() returns
 // row-slices of them (contiguous views sharing storage) under the HF names.
 //
+// LoRA (config.lora.rank > 0, lora.h): every targeted projection gets an adapter
+// (A [r, in], B [out, r]); the base is frozen and every path (Forward, Prefill,
+// Step, Decode) computes W x + scale * B (A x). AdapterWeights() lists the adapters
+// under PEFT's names (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`);
+// SetMerged(true) folds them into the weights (kept equal to base + scale * B A
+// across updates, from a private copy of the base) so generation runs at base speed.
+//
 // Thread-safety: a torch::nn::Module; concurrent Forward/Decode calls on one
 // model are safe only if nobody mutates the weights meanwhile. The Engine
 // serializes generation and weight updates with its own lock; the learner owns
@@ -78,6 +85,9 @@ struct LoadOptions {
   bool require_all = true;
   // Reject tensors holding NaN or Inf (one extra pass over the data). Default false.
   bool check_finite = false;
+  // LoRA models: the tensors must include every adapter tensor (a rollout engine must never
+  // keep generating with stale or initial adapters). Default false.
+  bool require_adapters = false;
 };
 
 class LlamaModel : public torch::nn::Module {
@@ -151,6 +161,23 @@ class LlamaModel : public torch::nn::Module {
   // gate/up/down_proj, then model.norm and (untied only) lm_head. The tensors share
   // storage with the parameters (writes under torch::NoGradGuard change the model).
   NamedTensors NamedWeights() const;
+  // LoRA adapters under PEFT's names, per layer q..down_proj, lora_A then lora_B; empty
+  // without LoRA. Share storage with the parameters.
+  NamedTensors AdapterWeights() const;
+  // NamedWeights() followed by AdapterWeights(): everything a copy of this model needs.
+  NamedTensors StateWeights() const;
+  // The base weights with the adapters folded in (W + scale * B A; fresh tensors for the
+  // targeted projections, shared storage for the rest): a model without LoRA computing the
+  // same function. Equal to NamedWeights() without LoRA or when merged.
+  NamedTensors MergedWeights() const;
+  // Unmerged (default): adapters run beside the frozen weights. Merged: the weights hold
+  // base + scale * B A (a private copy of the base is kept, so LoadNamed of base or adapter
+  // tensors re-merges exactly). No-op without LoRA. Not for a model being trained.
+  void SetMerged(bool merged);
+  bool merged() const { return merged_; }
+  // LoRA models: whether the base weights train (requires_grad). Default false; the
+  // learner's full warm start turns it on, then off. Adapters always train.
+  void SetBaseTrainable(bool trainable);
 
   // Copies named tensors into the parameters. Fails, changing nothing, on the first
   // problem in input order (an unknown name, a duplicate, a shape mismatch, a dtype the
@@ -158,6 +185,10 @@ class LlamaModel : public torch::nn::Module {
   // first missing parameter in NamedWeights() order when options.require_all. The error
   // names the tensor and both shapes/dtypes. Copies across devices when needed.
   // `rotary_emb.inv_freq` buffers found in old checkpoints are ignored.
+  // Adapter tensors (PEFT names) load the same way; options.require_all then asks for
+  // every base tensor only when some base tensor is given (an adapter-only update is
+  // whole), and options.require_adapters for every adapter tensor. A model without LoRA
+  // refuses adapter tensors by name.
   Status LoadNamed(const NamedTensors& named, const LoadOptions& options = {});
 
   // Re-draws every parameter from `seed` (normal(0, std) matrices, unit norm weights).
@@ -167,7 +198,24 @@ class LlamaModel : public torch::nn::Module {
   void Allocate(const ModelConfig& config);  // registers every parameter and buffer
   struct Layer {
     torch::Tensor input_norm, qkv_w, qkv_b, o_w, q_norm, k_norm, post_norm, gate_up_w, down_w;
+    // LoRA adapters by module (lora.h order); undefined where not targeted.
+    torch::Tensor lora_a[kNumLoraModules], lora_b[kNumLoraModules];
+    // Merged mode: the pure base of each targeted module's weight rows.
+    torch::Tensor lora_base[kNumLoraModules];
   };
+  // The fused matrices adapters attach to: q/k/v rows of qkv_w, o_w, gate/up rows of
+  // gate_up_w, down_w.
+  enum Fused { kQkv, kO, kGateUp, kDown };
+  // Weight rows of `module` inside its fused matrix (a view).
+  torch::Tensor ModuleWeight(const Layer& layer, int module) const;
+  // Adds scale * B (A x) of the adapters on `fused` to their output columns of y (the
+  // fused projection of x, possibly plus a residual), in place; returns y. No-op without
+  // LoRA, merged, or with none of its modules targeted.
+  torch::Tensor WithLora(const Layer& layer, Fused fused, const torch::Tensor& x,
+                         torch::Tensor y) const;
+  void InitAdapters(uint64_t seed);
+  void DrawBase(uint64_t seed, double std);
+  void Remerge();  // merged mode: weight rows = base copy + scale * B A
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos,
                      const torch::Tensor& sin) const;
@@ -179,6 +227,7 @@ class LlamaModel : public torch::nn::Module {
 
   ModelConfig config_;
   int64_t head_dim_, q_size_, kv_size_;
+  bool merged_ = false;
   torch::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   torch::Tensor rope_cos_, rope_sin_;  // float32 [max_seq_len, head_dim/2]

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "troupe/core/status.h"
+#include "troupe/engine/lora.h"
 
 namespace troupe::config {
 class Binder;
@@ -92,6 +93,9 @@ struct ModelConfig {
   // Parameter and KV-cache dtype. Default float32 (exact log-prob parity with the learner);
   // bfloat16 halves memory and is faster on GPUs.
   DType dtype = DType::kFloat32;
+  // Low-rank adapters (the job's `lora:` section; not part of a Hugging Face config.json).
+  // Default off. With rank > 0 the base is frozen and only adapters train and travel.
+  LoraConfig lora;
 
   // d_model / n_heads when head_dim == 0, else head_dim.
   int64_t HeadDim() const {
@@ -105,8 +109,10 @@ struct ModelConfig {
   }
   // RoPE inverse frequencies inv_freq[i], i < HeadDim()/2, after rope_scaling, in double.
   std::vector<double> RopeInverseFrequencies() const;
-  // Number of parameters the model has with this config.
+  // Number of parameters the model has with this config (the base; adapters excluded).
   int64_t NumParameters() const;
+  // Number of adapter parameters (0 without LoRA).
+  int64_t NumAdapterParameters() const;
   // Checks every field; the error names the field, its value and the rule.
   Status Validate() const;
   // One-line summary for logs ("arch=llama layers=2 d_model=128 heads=4/2 ...").

@@ -84,6 +84,7 @@ struct EngineSpec {
   int32_t intra_op_threads = 1;   // torch threads per engine (1: best on 2 shared cores)
   std::string device = "cpu";     // cpu | cuda | cuda:N
   bool fused_cpu_kernels = true;  // fused RoPE + attention decode kernels on CPU
+  bool lora_merged = true;        // LoRA: fold adapters into the weights at each update (faster)
 };
 
 // Supervised warm start before RL (skipped when resuming from a checkpoint).

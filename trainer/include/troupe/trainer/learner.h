@@ -118,6 +118,12 @@ class Learner {
   // Training thread only.
   void ResetOptimizer();
 
+  // LoRA policies: whether the base weights train too (the full warm start), then a new
+  // optimizer over what trains. InvalidArgument without LoRA. Training thread only.
+  Status SetBaseTrainable(bool trainable);
+  // True without LoRA; with LoRA, whether the base trains now.
+  bool base_trainable() const;
+
   // Batches decided since the last call, in decision order. Thread-safe.
   std::vector<FinishedBatch> TakeFinishedBatches();
 
@@ -132,6 +138,11 @@ class Learner {
   engine::LlamaModel& policy() { return *policy_; }
   // The policy's weights under Hugging Face names, for the weight broadcast.
   engine::NamedTensors NamedWeights() const { return policy_->NamedWeights(); }
+  // Everything a copy of the policy needs: NamedWeights() plus the LoRA adapters (if any).
+  engine::NamedTensors StateWeights() const { return policy_->StateWeights(); }
+  // What travels after an update: the adapters (PEFT names) of a LoRA policy, else
+  // NamedWeights(). The base of a LoRA policy goes once (WeightSender::SetBase).
+  engine::NamedTensors BroadcastWeights() const;
 
   // Writes a checkpoint under `root` (see checkpoint.h): model and reference
   // weights (safetensors), AdamW state, version, step, schedule position,
