@@ -139,8 +139,17 @@ TEST(AgentServerJob, TrainsOnAgentEpisodesWithEnvTokensMaskedTokenByToken) {
   auto samples = SampledRollouts(job);
   ASSERT_FALSE(samples.empty()) << "no rollouts.jsonl records";
   int checked = 0;
+  int unplayed = 0;  // episodes that failed (no agent record): reward 0, nothing to compare
   for (const auto& s : samples) {
-    std::string id = s["extra"]["agent"].value("episode_id", "");
+    // `s` is const: operator[] on a missing key is undefined, so look before reading.
+    const bool has_agent = s.contains("extra") && s["extra"].is_object() &&
+                           s["extra"].contains("agent") && s["extra"]["agent"].is_object();
+    std::string id = has_agent ? s["extra"]["agent"].value("episode_id", "") : "";
+    if (id.empty()) {
+      EXPECT_EQ(s.value("reward", -1.0), 0.0) << "a sample without an agent episode: " << s.dump();
+      ++unplayed;
+      continue;
+    }
     auto it = transcripts.find(id);
     ASSERT_NE(it, transcripts.end()) << "no transcript for " << id;
     std::vector<int32_t> prompt, response;
@@ -187,7 +196,7 @@ TEST(AgentServerJob, TrainsOnAgentEpisodesWithEnvTokensMaskedTokenByToken) {
         << id;  // float32 on the wire
     ++checked;
   }
-  EXPECT_GT(checked, 0);
+  EXPECT_GT(checked, 0) << unplayed << " sampled rollouts had no agent episode";
 }
 
 TEST(AgentServerJob, AgentServerKilledMidRunGivesZeroRewardsWithAReasonAndTheJobCompletes) {
