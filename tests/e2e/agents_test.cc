@@ -183,12 +183,15 @@ TEST(AgentServerJob, TrainsOnAgentEpisodesWithEnvTokensMaskedTokenByToken) {
         mask.push_back(1);
       }
     }
-    EXPECT_EQ(s["prompt_tokens"].get<std::vector<int32_t>>(), prompt) << id;
-    EXPECT_EQ(s["response_tokens"].get<std::vector<int32_t>>(), response) << id;
-    EXPECT_EQ(s["loss_mask"].get<std::vector<uint8_t>>(), mask) << id;
+    EXPECT_EQ(s.at("prompt_tokens").get<std::vector<int32_t>>(), prompt) << id;
+    EXPECT_EQ(s.at("response_tokens").get<std::vector<int32_t>>(), response) << id;
+    EXPECT_EQ(s.at("loss_mask").get<std::vector<uint8_t>>(), mask) << id;
     // The masked segments are the tool outputs in the compact chat format ("\n<output>=").
     std::vector<std::string> env_text;
-    for (const auto& seg : s["segments"])
+    // "segments" is written only when the response has environment tokens (a one-turn
+    // episode has none); `s` is const, so never index a key that may be missing.
+    const json segments = s.value("segments", json::array());
+    for (const auto& seg : segments)
       if (seg["mask"] == 0) env_text.push_back(seg["text"].get<std::string>());
     ASSERT_EQ(env_text.size(), outputs.size()) << s.dump();
     for (size_t k = 0; k < outputs.size(); ++k) EXPECT_EQ(env_text[k], "\n" + outputs[k] + "=");
