@@ -34,43 +34,14 @@ using nlohmann::json;
 
 // The reference agent server on a free port, writing its transcripts to a file;
 // killed (by pid) when the test ends.
-class AgentServer {
+class AgentServer : public e2e::PortedServer {
  public:
-  explicit AgentServer(const fs::path& dir) {
-    fs::create_directories(dir);
-    out_ = (dir / "agent-server.out").string();
-    transcripts_ = (dir / "transcripts.jsonl").string();
-    SpawnOptions o;
-    o.argv = {"python3",       SourceDir() + "/tests/envs/agent_server.py",
-              "--port",        "0",
-              "--transcripts", transcripts_};
-    o.output_file = out_;
-    auto p = Subprocess::Spawn(o);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (!p.ok()) return;
-    proc_ = std::make_unique<Subprocess>(std::move(p).value());
-    std::regex re("PORT ([0-9]+)");
-    Eventually(
-        [&] {
-          auto t = ReadFile(out_);
-          std::smatch m;
-          if (t.ok() && std::regex_search(*t, m, re)) port_ = std::stoi(m[1]);
-          return port_ > 0;
-        },
-        30000);
-  }
-  ~AgentServer() { Kill(); }
-  int port() const { return port_; }
-  void Kill() {
-    if (proc_) {
-      proc_->Signal(SIGKILL).IgnoreError();
-      proc_->Wait(Deadline::InMs(10000)).status().IgnoreError();
-      proc_.reset();
-    }
-  }
+  explicit AgentServer(const fs::path& dir)
+      : PortedServer(Argv(dir), (dir / "agent-server.out").string()),
+        transcripts_((dir / "transcripts.jsonl").string()) {}
   // agent_servers naming this server; `mode` "/single" selects the single-turn agent.
   std::string Override(const std::string& name = "reference", const std::string& mode = "") const {
-    return "agent_servers={" + name + ": \"http://127.0.0.1:" + std::to_string(port_) + mode +
+    return "agent_servers={" + name + ": \"http://127.0.0.1:" + std::to_string(port()) + mode +
            "\"}";
   }
   std::map<std::string, json> Transcripts() const {
@@ -84,9 +55,12 @@ class AgentServer {
   }
 
  private:
-  std::string out_, transcripts_;
-  std::unique_ptr<Subprocess> proc_;
-  int port_ = 0;
+  static std::vector<std::string> Argv(const fs::path& dir) {
+    fs::create_directories(dir);
+    return {"python3", SourceDir() + "/tests/envs/agent_server.py", "--port", "0",
+            "--transcripts", (dir / "transcripts.jsonl").string()};
+  }
+  std::string transcripts_;
 };
 
 std::vector<json> SampledRollouts(const Job& job) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 #include <memory>
 #include <set>
 #include <string>
@@ -168,6 +169,50 @@ class Job {
   std::filesystem::path dir_;
   std::unique_ptr<Subprocess> proc_;
   std::set<int> pids_;
+};
+
+// A helper process that prints "PORT N" once it listens (troupe-reward-server, the reference
+// agent server): spawned with its output in `output_file`, waited for (bounded, 30 s), and
+// killed by pid when it goes out of scope. port() is 0 if it never announced one.
+class PortedServer {
+ public:
+  PortedServer(std::vector<std::string> argv, std::string output_file) : out_(std::move(output_file)) {
+    SpawnOptions o;
+    o.argv = std::move(argv);
+    o.output_file = out_;
+    auto p = Subprocess::Spawn(o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return;
+    proc_ = std::make_unique<Subprocess>(std::move(p).value());
+    std::regex re("PORT ([0-9]+)");
+    Eventually(
+        [&] {
+          auto t = ReadFile(out_);
+          std::smatch m;
+          if (t.ok() && std::regex_search(*t, m, re)) port_ = std::stoi(m[1]);
+          return port_ > 0;
+        },
+        30000);
+  }
+  ~PortedServer() { Kill(); }
+  PortedServer(const PortedServer&) = delete;
+  PortedServer& operator=(const PortedServer&) = delete;
+  int port() const { return port_; }
+  void Kill() {
+    if (proc_) {
+      proc_->Signal(SIGKILL).IgnoreError();
+      proc_->Wait(Deadline::InMs(10000)).status().IgnoreError();
+      proc_.reset();
+    }
+  }
+  void Signal(int sig) {
+    if (proc_) proc_->Signal(sig).IgnoreError();
+  }
+
+ private:
+  std::string out_;
+  std::unique_ptr<Subprocess> proc_;
+  int port_ = 0;
 };
 
 // DESIGN invariant 4 on the job_summary line: generated = trained + skipped

@@ -90,49 +90,16 @@ TEST(MultiTurnJob, TrainsOnEpisodesWithToolTokensMasked) {
 }
 
 // A troupe-reward-server on a free port; killed (by pid) when the test ends.
-class RewardServer {
+class RewardServer : public e2e::PortedServer {
  public:
   // `task`: the server's --task (KIND[:NAME[:SCORING]]).
-  explicit RewardServer(const fs::path& dir, const std::string& task = "reverse") {
-    out_ = (dir / "reward-server.out").string();
-    SpawnOptions o;
-    o.argv = {BuildDir() + "/envs/troupe-reward-server", "--port", "0", "--task", task};
-    o.output_file = out_;
-    auto p = Subprocess::Spawn(o);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (!p.ok()) return;
-    proc_ = std::make_unique<Subprocess>(std::move(p).value());
-    std::regex re("PORT ([0-9]+)");
-    Eventually(
-        [&] {
-          auto t = ReadFile(out_);
-          std::smatch m;
-          if (t.ok() && std::regex_search(*t, m, re)) port_ = std::stoi(m[1]);
-          return port_ > 0;
-        },
-        30000);
-  }
-  ~RewardServer() { Kill(); }
-  int port() const { return port_; }
-  void Kill() {
-    if (proc_) {
-      proc_->Signal(SIGKILL).IgnoreError();
-      proc_->Wait(Deadline::InMs(10000)).status().IgnoreError();
-      proc_.reset();
-    }
-  }
-  void Signal(int sig) {
-    if (proc_) proc_->Signal(sig).IgnoreError();
-  }
+  explicit RewardServer(const fs::path& dir, const std::string& task = "reverse")
+      : PortedServer({BuildDir() + "/envs/troupe-reward-server", "--port", "0", "--task", task},
+                     (dir / "reward-server.out").string()) {}
   std::string ServicesOverride() const {
     return "reward_services.services=[{name: verifier, url: \"http://127.0.0.1:" +
-           std::to_string(port_) + "/verify\", timeout_ms: 1000, max_attempts: 2}]";
+           std::to_string(port()) + "/verify\", timeout_ms: 1000, max_attempts: 2}]";
   }
-
- private:
-  std::string out_;
-  std::unique_ptr<Subprocess> proc_;
-  int port_ = 0;
 };
 
 TEST(ExternalRewardJob, ScoresThroughARealServer) {
