@@ -22,6 +22,7 @@
 #include <map>
 #include <set>
 #include <cstdio>
+#include <future>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,7 @@ spdlog::logger& Log() {
 }
 
 struct EvalResult {
+  uint64_t update = 0, version = 0;  // the RL update and policy version evaluated
   double accuracy = 0, reward = 0;
   int64_t prompts = 0;
   double seconds = 0;
@@ -67,7 +69,16 @@ class LearnerRole {
   Status Setup();
   Status WarmStart();
   void ReclaimDepartedCredits();
+  // Held-out evaluation of the current weights, waiting for it (start of RL, end of job).
   Result<EvalResult> Evaluate();
+  // Periodic evaluation off the training thread: StartEval copies the current weights into
+  // the eval engine, then generation and scoring run on their own thread (the other core)
+  // while training goes on. CollectEval reports a finished one (waiting if `wait`); one at a
+  // time. The report carries the update and version evaluated; elapsed_s is when it finished.
+  Status StartEval();
+  void CollectEval(bool wait);
+  void ReportEval(const Result<EvalResult>& e);
+  Result<EvalResult> RunEval(EvalResult r);
   Status EvaluateEpisodes(const envs::Task& task, uint64_t n, EvalResult* r);
   Result<std::vector<envs::VerifyResult>> ScoreEval(
       const envs::Task& task, const std::vector<envs::ScoreRequest>& requests);
@@ -98,6 +109,8 @@ class LearnerRole {
   std::unique_ptr<trainer::Learner> learner_;
   std::unique_ptr<engine::Engine> eval_engine_;
   std::unique_ptr<envs::RewardScorer> eval_scorer_;  // external services for held-out scoring
+  // The evaluation in flight (StartEval); destroyed (joined) before the eval engine.
+  std::future<Result<EvalResult>> pending_eval_;
   std::unique_ptr<transport::Socket> data_;
   std::unique_ptr<transport::ReliableReceiver> receiver_;
   std::unique_ptr<broadcast::WeightSender> sender_;
@@ -253,10 +266,59 @@ Status LearnerRole::Setup() {
 // ---------------------------------------------------------------- evaluation
 
 Result<EvalResult> LearnerRole::Evaluate() {
+  CollectEval(/*wait=*/true);
   auto t0 = std::chrono::steady_clock::now();
   TROUPE_RETURN_IF_ERROR(eval_engine_->UpdateWeights(learner_->version(), learner_->StateWeights(),
                                                      Deadline::InMs(30000)));
   EvalResult r;
+  r.update = RlUpdates();
+  r.version = learner_->version();
+  TROUPE_ASSIGN_OR_RETURN(r, RunEval(std::move(r)));
+  r.seconds = SecondsSince(t0);
+  return r;
+}
+
+Status LearnerRole::StartEval() {
+  CollectEval(/*wait=*/true);
+  auto t0 = std::chrono::steady_clock::now();
+  // The copy is taken here, on the training thread, before the next update changes them.
+  TROUPE_RETURN_IF_ERROR(eval_engine_->UpdateWeights(learner_->version(), learner_->StateWeights(),
+                                                     Deadline::InMs(30000)));
+  EvalResult r;
+  r.update = RlUpdates();
+  r.version = learner_->version();
+  pending_eval_ = std::async(std::launch::async, [this, r, t0]() -> Result<EvalResult> {
+    TROUPE_ASSIGN_OR_RETURN(EvalResult done, RunEval(r));
+    done.seconds = SecondsSince(t0);
+    return done;
+  });
+  return Status::Ok();
+}
+
+void LearnerRole::CollectEval(bool wait) {
+  if (!pending_eval_.valid()) return;
+  if (!wait && pending_eval_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return;
+  ReportEval(pending_eval_.get());
+}
+
+void LearnerRole::ReportEval(const Result<EvalResult>& e) {
+  if (!e.ok()) {
+    Log().error("evaluation failed: {}", e.status().ToString());
+    return;
+  }
+  SendEval(*e);
+  if (job_.stop.target_accuracy > 0 && e->accuracy >= job_.stop.target_accuracy && !done_) {
+    done_ = true;
+    done_reason_ = fmt::format("held-out accuracy {:.3f} reached the target {:.3f} (update {})",
+                               e->accuracy, job_.stop.target_accuracy, e->update);
+  }
+}
+
+// Generates and scores the held-out prompts on the eval engine (weights already loaded).
+// Touches only the eval engine, the scorer and read-only job state: safe off the training
+// thread, one evaluation at a time.
+Result<EvalResult> LearnerRole::RunEval(EvalResult r) {
   for (const envs::Task* task : ctx_.task_list) {
     uint64_t n = task->size(envs::Split::kEval);
     if (job_.eval.prompts > 0) n = std::min<uint64_t>(n, job_.eval.prompts);
@@ -309,7 +371,6 @@ Result<EvalResult> LearnerRole::Evaluate() {
     r.accuracy /= static_cast<double>(r.prompts);
     r.reward /= static_cast<double>(r.prompts);
   }
-  r.seconds = SecondsSince(t0);
   return r;
 }
 
@@ -396,14 +457,14 @@ void LearnerRole::SendEval(const EvalResult& e) {
       e.accuracy >= job_.stop.target_accuracy) {
     time_to_target_ = elapsed;
   }
-  rt_.SendMetrics("eval", RlUpdates(), learner_->version(),
+  rt_.SendMetrics("eval", e.update, e.version,
                   {{"eval_accuracy", e.accuracy},
                    {"eval_reward", e.reward},
                    {"eval_prompts", static_cast<double>(e.prompts)},
                    {"eval_seconds", e.seconds},
                    {"elapsed_s", elapsed}});
   Log().info("eval at update {}: accuracy {:.3f}, reward {:.3f} ({} prompts, {:.0f} ms)",
-             RlUpdates(), e.accuracy, e.reward, e.prompts, e.seconds * 1e3);
+             e.update, e.accuracy, e.reward, e.prompts, e.seconds * 1e3);
   for (const auto& ex : e.examples) Log().info("  eval miss: {}", ex);
 }
 
@@ -710,17 +771,8 @@ Status LearnerRole::TrainStep() {
   uint64_t u = RlUpdates();
   if (job_.eval.every_steps > 0 && u >= last_eval_update_ + job_.eval.every_steps) {
     last_eval_update_ = u;
-    auto e = Evaluate();
-    if (e.ok()) {
-      SendEval(*e);
-      if (job_.stop.target_accuracy > 0 && e->accuracy >= job_.stop.target_accuracy) {
-        done_ = true;
-        done_reason_ = fmt::format("held-out accuracy {:.3f} reached the target {:.3f}",
-                                   e->accuracy, job_.stop.target_accuracy);
-      }
-    } else {
-      Log().error("evaluation failed: {}", e.status().ToString());
-    }
+    Status st = StartEval();
+    if (!st.ok()) Log().error("evaluation failed: {}", st.ToString());
   }
   if (job_.checkpoint.every_steps > 0 && u >= last_ckpt_update_ + job_.checkpoint.every_steps) {
     TROUPE_RETURN_IF_ERROR(Checkpoint("periodic"));
@@ -993,6 +1045,7 @@ Status LearnerRole::Run() {
     }
     TROUPE_RETURN_IF_ERROR(fatal_);
     if (learner_->ReadyToStep()) TROUPE_RETURN_IF_ERROR(TrainStep());
+    CollectEval(/*wait=*/false);
     if (rt_.TakeCheckpointRequest()) TROUPE_RETURN_IF_ERROR(Checkpoint("requested"));
     TROUPE_RETURN_IF_ERROR(CheckpointIfAcksPile());
     if (SecondsSince(last_stats) > 0.5) {
@@ -1026,6 +1079,7 @@ Status LearnerRole::Run() {
   }
   if (!done_) done_reason_ = std::string("asked to exit: ") + ExitReasonName(rt_.exit_reason());
   if (rt_.exit_reason() == ExitReason::kHeadLost) return Status::Ok();  // nobody to report to
+  CollectEval(/*wait=*/true);  // the one in flight is reported before the final one
   // A final evaluation unless one just ran, then the last checkpoint (acks).
   if (last_eval_update_ != RlUpdates() || last_accuracy_ < 0) {
     auto e = Evaluate();

@@ -76,6 +76,8 @@ wire::FinishReason WireFinish(envs::EpisodeEnd e) {
 
 // Worker threads running multi-turn groups (each with its own driver).
 constexpr int kEpisodeWorkers = 2;
+// The main loop's longest sleep when nothing wakes it (directory, stats, re-requests, exit).
+constexpr int kLoopTickMs = 50;
 // Upper bound for one driver Run (all groups a worker took). Episodes still
 // running then are aborted and their groups counted as rejected.
 constexpr int64_t kEpisodeRunTimeoutMs = 600000;
@@ -164,6 +166,14 @@ class RolloutRole {
   void SyncDirectory();
   void ConnectLearner(const std::string& data, const std::string& weights);
   void PollCredits(Deadline deadline);
+  // Starts the generation clocks (wall and process CPU) at the first submitted group:
+  // the final report's tokens per CPU-second leave out start-up and waiting for weights.
+  void MarkFirstSubmit() {
+    if (first_submit_) return;
+    first_submit_ = std::chrono::steady_clock::now();
+    first_submit_cpu_ = ProcessCpuSeconds();
+    engine_at_first_submit_ = engine_->stats();
+  }
   void RequestCredits();
   Status SubmitGroups();
   void StartEpisodeWorkers();
@@ -175,6 +185,17 @@ class RolloutRole {
   void AgentWorker();
   void QueueAgentGroup(uint64_t serial, const GroupInfo& g);
   SequenceRecord RunAgentEpisode(const AgentJob& job, uint64_t* version);
+  // Hands a finished group to the main loop and wakes it (any thread).
+  void PushDone(FinishedGroup f) {
+    {
+      MutexLock l(done_mu_);
+      done_.push_back(std::move(f));
+    }
+    poller_->Wake();
+  }
+  // Blocks the main loop until a credit arrives, a group finishes, new weights land, or the
+  // deadline (the loop's housekeeping tick) passes, then reads every pending credit.
+  void WaitForWork(Deadline deadline);
   void CollectFinished();
   Status SendReady(bool flush_all);
   void UpdateStats();
@@ -192,6 +213,8 @@ class RolloutRole {
   const launcher::JobConfig& job_;
   std::string id_;
   uint64_t incarnation_ = 0;
+  // Declared before everything that wakes it (engine, workers, receiver): destroyed after.
+  std::unique_ptr<transport::Poller> poller_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<transport::ReliableSender> sender_;
   std::unique_ptr<transport::Socket> credit_sock_;
@@ -224,6 +247,7 @@ class RolloutRole {
   int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups
   std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
   double first_submit_cpu_ = 0;                                        // ProcessCpuSeconds() then
+  engine::EngineStats engine_at_first_submit_;                         // engine_->stats() then
   bool slow_ = false;  // fault injection (rollout.slow_actor)
   std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;
@@ -273,6 +297,7 @@ Status RolloutRole::Setup() {
   ec.fused_cpu_kernels = job_.engine.fused_cpu_kernels;
   ec.lora_merged = job_.engine.lora_merged;
   ec.init_seed = DeriveSeed(job_.seed, "policy-init");
+  poller_ = net_.NewPoller();
   TROUPE_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(ec));
   transport::ReliableSenderOptions so;
   so.max_outbox_messages = job_.rollout_settings.outbox_messages;
@@ -298,6 +323,7 @@ void RolloutRole::OnOutcome(const transport::DeliveryOutcome& o) {
 void RolloutRole::ConnectLearner(const std::string& data, const std::string& weights) {
   if (data != learner_data_) {
     learner_data_ = data;
+    if (credit_sock_) poller_->Remove(credit_sock_.get());
     credit_sock_.reset();
     credits_ = 0;  // a new learner knows nothing of the old grants
     credit_version_ = 0;
@@ -306,9 +332,10 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     so.identity = id_;
     so.linger_ms = 0;
     auto s = net_.Connect(transport::SocketKind::kClient, data, so);
-    if (s.ok())
+    if (s.ok()) {
       credit_sock_ = std::move(s).value();
-    else
+      poller_->Add(credit_sock_.get());
+    } else
       Log().error("cannot connect to the learner at {}: {}", data, s.status().ToString());
   }
   if (weights != learner_weights_) {
@@ -320,12 +347,16 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     rc.data_endpoint = ctx_.AnyPort();
     rc.gloo_hostname = ctx_.bind_host;
     auto* engine = engine_.get();
+    auto* poller = poller_.get();
     // The learner is the authority on versions: a learner restarted from an
-    // older checkpoint sends a lower version, and it replaces ours.
-    auto r =
-        broadcast::WeightReceiver::Create(rc, net_, [engine](const broadcast::ReceivedWeights& w) {
-          return engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
-                                       /*allow_rollback=*/true);
+    // older checkpoint sends a lower version, and it replaces ours. New weights
+    // wake the main loop: granted groups may be waiting for them.
+    auto r = broadcast::WeightReceiver::Create(
+        rc, net_, [engine, poller](const broadcast::ReceivedWeights& w) {
+          Status s = engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
+                                           /*allow_rollback=*/true);
+          poller->Wake();
+          return s;
         });
     if (r.ok())
       receiver_ = std::move(r).value();
@@ -368,6 +399,12 @@ void RolloutRole::SyncDirectory() {
     }
   }
   reward_peers_ = now;
+}
+
+void RolloutRole::WaitForWork(Deadline deadline) {
+  auto ready = poller_->Wait(deadline);  // readable sockets, empty after a Wake, or kTimeout
+  (void)ready;
+  PollCredits(Deadline::Now());
 }
 
 void RolloutRole::PollCredits(Deadline deadline) {
@@ -421,10 +458,7 @@ Status RolloutRole::SubmitGroups() {
       QueueAgentGroup(serial, g);
       in_flight_[serial] = std::move(g);
       --credits_;
-      if (!first_submit_) {
-        first_submit_ = std::chrono::steady_clock::now();
-        first_submit_cpu_ = ProcessCpuSeconds();
-      }
+      MarkFirstSubmit();
       continue;
     }
     if (g.task->multi_turn()) {
@@ -433,10 +467,7 @@ Status RolloutRole::SubmitGroups() {
                       DeriveSeed(job_.seed, id_ + "/episodes", incarnation_ * 1000003 + serial)};
       in_flight_[serial] = std::move(g);
       --credits_;
-      if (!first_submit_) {
-        first_submit_ = std::chrono::steady_clock::now();
-        first_submit_cpu_ = ProcessCpuSeconds();
-      }
+      MarkFirstSubmit();
       {
         MutexLock l(episode_mu_);
         episode_queue_.push_back(std::move(eg));
@@ -458,7 +489,7 @@ Status RolloutRole::SubmitGroups() {
     req.tag = serial;
     in_flight_[serial] = std::move(g);
     --credits_;
-    if (!first_submit_) first_submit_ = std::chrono::steady_clock::now();
+    MarkFirstSubmit();
     Status s =
         engine_->Submit(std::move(req), [this, serial](std::vector<engine::GenerationResult> res) {
           FinishedGroup f;
@@ -475,8 +506,7 @@ Status RolloutRole::SubmitGroups() {
                                          std::move(r.logprobs), std::move(r.mask),
                                          std::move(r.token_versions), WireFinish(r.finish_reason)));
           }
-          MutexLock l(done_mu_);
-          done_.push_back(std::move(f));
+          PushDone(std::move(f));
         });
     if (!s.ok()) {
       in_flight_.erase(serial);
@@ -577,10 +607,7 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
         f.env_tokens += 1 - m;
       }
     }
-    if (--left[gi] == 0) {
-      MutexLock l(done_mu_);
-      done_.push_back(std::move(f));
-    }
+    if (--left[gi] == 0) PushDone(std::move(f));
   };
   driver->Run(std::move(reqs), Deadline::InMs(kEpisodeRunTimeoutMs), on_done);
   // Run hands every episode to on_done (aborted ones included); a group the
@@ -683,8 +710,7 @@ void RolloutRole::AgentWorker() {
       MutexLock l(agent_mu_);
       agent_groups_.erase(job.serial);
     }
-    MutexLock l(done_mu_);
-    done_.push_back(std::move(f));
+    PushDone(std::move(f));
   }
 }
 
@@ -957,7 +983,11 @@ Status RolloutRole::Run() {
     }
     RequestCredits();
     TROUPE_RETURN_IF_ERROR(SubmitGroups());
-    PollCredits(Deadline::InMs(2));
+    // Sleep until there is something to do. Credits, finished groups and new weights wake
+    // the loop; the tick is for the directory, stats, credit re-requests and exit. Sends
+    // that found the outbox full and held groups (slow-actor fault injection) retry soon.
+    const bool retry_soon = ready_.size() >= job_.batch.groups_per_message || slow_;
+    WaitForWork(Deadline::InMs(retry_soon ? 2 : kLoopTickMs));
     CollectFinished();
     TROUPE_RETURN_IF_ERROR(SendReady(false));
     UpdateStats();
@@ -967,6 +997,9 @@ Status RolloutRole::Run() {
   // while generating: tokens per CPU-second is what the actor system costs,
   // whatever share of the cores other processes took (bench/actors).
   double active_cpu_s = first_submit_ ? ProcessCpuSeconds() - first_submit_cpu_ : 0;
+  // The engine's share of it, and how full its decode batches were (bench/actors/job_bench.py
+  // compares both with the engine alone).
+  const engine::EngineStats es = engine_->stats(),& e0 = engine_at_first_submit_;
   if (rt_.exit_reason() != ExitReason::kHeadLost) Drain();
   StopEpisodeWorkers();
   StopAgentWorkers();
@@ -977,6 +1010,11 @@ Status RolloutRole::Run() {
       {"gen_env_tokens", static_cast<double>(gen_env_tokens_)},
       {"gen_active_s", active_s},
       {"gen_cpu_s", active_cpu_s},
+      {"engine_step_cpu_s", es.step_cpu_seconds - e0.step_cpu_seconds},
+      {"engine_decode_steps", static_cast<double>(es.decode_steps - e0.decode_steps)},
+      {"engine_prefill_steps", static_cast<double>(es.prefill_steps - e0.prefill_steps)},
+      {"engine_tokens", static_cast<double>(es.generated_tokens - e0.generated_tokens)},
+      {"engine_weight_updates", static_cast<double>(es.weight_updates - e0.weight_updates)},
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
       {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},

@@ -166,10 +166,19 @@ def bench_overhead(a):
     # Per process CPU-second: the actor system's own cost (transport, heartbeats,
     # weight updates), independent of the share of the 2 cores the learner takes.
     job_cpu_rate = fin[0]["gen_tokens"] / max(fin[0]["gen_cpu_s"], 1e-9)
-    return {"job_rollout_tok_s": job_rate, "standalone_tok_s": alone["tokens_per_s"],
-            "overhead_ratio_wall": job_rate / alone["tokens_per_s"],
-            "job_rollout_tok_per_cpu_s": job_cpu_rate, "standalone_tok_per_cpu_s": alone["tokens_per_cpu_s"],
-            "overhead_ratio": job_cpu_rate / alone["tokens_per_cpu_s"]}
+    res = {"job_rollout_tok_s": job_rate, "standalone_tok_s": alone["tokens_per_s"],
+           "overhead_ratio_wall": job_rate / alone["tokens_per_s"],
+           "job_rollout_tok_per_cpu_s": job_cpu_rate, "standalone_tok_per_cpu_s": alone["tokens_per_cpu_s"],
+           "overhead_ratio": job_cpu_rate / alone["tokens_per_cpu_s"]}
+    # Where the difference goes: how full the engine's decode batches were (sampled tokens per
+    # decode step), and the share of the process CPU spent outside engine steps (transport,
+    # the actor's loop, weight updates, rendering).
+    for name, r, cpu in (("job", fin[0], fin[0]["gen_cpu_s"]), ("standalone", alone, alone["cpu_s"])):
+        if r.get("engine_decode_steps"):
+            res[name + "_tokens_per_decode_step"] = r["engine_tokens"] / r["engine_decode_steps"]
+            res[name + "_engine_cpu_share"] = r["engine_step_cpu_s"] / max(cpu, 1e-9)
+            res[name + "_engine_tok_per_cpu_s"] = r["engine_tokens"] / max(r["engine_step_cpu_s"], 1e-9)
+    return res
 
 
 def main():

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   std::atomic<int64_t> tokens{0}, groups{0};
   const int max_in_flight = static_cast<int>(job->rollout_settings.max_groups_in_flight);
   const double cpu0 = ProcessCpuSeconds();
+  const engine::EngineStats e0 = (*eng)->stats();
   auto t0 = std::chrono::steady_clock::now();
   auto end = t0 + std::chrono::duration<double>(seconds);
   uint64_t serial = 0;
@@ -142,6 +143,11 @@ int main(int argc, char** argv) {
   const double cpu = ProcessCpuSeconds() - cpu0;
   j["cpu_s"] = cpu;
   j["tokens_per_cpu_s"] = tokens.load() / cpu;
+  const engine::EngineStats es = (*eng)->stats();
+  j["engine_step_cpu_s"] = es.step_cpu_seconds - e0.step_cpu_seconds;
+  j["engine_decode_steps"] = es.decode_steps - e0.decode_steps;
+  j["engine_prefill_steps"] = es.prefill_steps - e0.prefill_steps;
+  j["engine_tokens"] = es.generated_tokens - e0.generated_tokens;
   std::cout << j.dump() << std::endl;
   return 0;
 }

@@ -16,7 +16,6 @@
 //
 // usage: engine_bench [--quick] [--repeats N] [--no-python]
 // Ends with one JSON line of the key figures and ratios.
-#include <dlfcn.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -187,11 +186,6 @@ Rate PythonPeer(const ModelConfig& m, int batch, int prompt_len, int new_tokens)
   return {j["tokens_per_s"].get<double>(), j["cpu_tokens_per_s"].get<double>()};
 }
 
-void SetBlasThreads(int n) {
-  auto fn = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (fn != nullptr) fn(n);
-}
-
 // "<cpu-based> tok/s (wall <wall>)".
 std::string Show(const Rate& r) {
   return fmt::format("{:.0f} tok/s (wall {:.0f})", r.cpu, r.wall);
@@ -220,11 +214,10 @@ int Main(int argc, char** argv) {
     }
   }
   ConfigureAllocatorForTensors();
-  SetBlasThreads(1);  // CPU-time figures count one thread's work
+  SetComputeThreads(1);  // CPU-time figures count one thread's work
   log::Options lo;
   lo.level = spdlog::level::warn;
   log::Init("engine-bench", lo);
-  at::set_num_threads(1);
   std::mt19937_64 rng(12345);
   nlohmann::ordered_json j;
   const int kNew = 128, kPrompt = 16;

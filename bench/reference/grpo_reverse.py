@@ -186,6 +186,7 @@ def main():
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--max-seconds", type=float, default=300)
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many updates (0: no limit)")
     ap.add_argument("--target", type=float, default=1.0)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--adv", choices=["grpo", "dr_grpo"], default="grpo")
@@ -221,7 +222,8 @@ def main():
     step = 0
     skipped = 0
     best = warm
-    while time.time() - t0 < a.max_seconds:
+    steps_at = {}
+    while time.time() - t0 < a.max_seconds and (a.max_steps <= 0 or step < a.max_steps):
         ps = make_prompts(rng, a.prompts, exclude=held)
         pids = [prompt_ids(p) for p in ps for _ in range(a.samples)]
         tg = time.time()
@@ -261,11 +263,12 @@ def main():
             el = time.time() - t0
             print(f"step {step:4d}  t={el:6.1f}s  reward {rewards.mean():.3f}  held-out {acc:.3f}", flush=True)
             for thr in (0.9, 0.95, 1.0):
-                if acc >= thr and thr not in marks: marks[thr] = el
+                if acc >= thr and thr not in marks: marks[thr] = el; steps_at[thr] = step
             if acc >= a.target: break
     res = {"warm_acc": warm, "best_acc": best, "steps": step, "skipped_updates": skipped,
            "threads": a.threads, "lr": a.lr, "neg_scale": a.neg_scale, "skip_uniform": a.skip_uniform,
            "t90_s": marks.get(0.9), "t95_s": marks.get(0.95), "t100_s": marks.get(1.0),
+           "u90": steps_at.get(0.9), "u95": steps_at.get(0.95), "u100": steps_at.get(1.0),
            "gen_tok_s": gen_tok / max(gen_t, 1e-9), "train_tok_s": train_tok / max(train_t, 1e-9)}
     print(json.dumps(res))
 

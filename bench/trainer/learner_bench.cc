@@ -38,7 +38,9 @@
 #include <nlohmann/json.hpp>
 
 #include "troupe/core/check.h"
+#include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
+#include "troupe/engine/engine.h"
 #include "troupe/engine/logprob.h"
 #include "troupe/engine/model.h"
 #include "troupe/trainer/learner.h"
@@ -117,9 +119,12 @@ double Median(std::vector<double> v) {
 // The learner under test: Offer + Step per call, timings per phase.
 class LearnerRunner {
  public:
-  LearnerRunner(const std::vector<TrainBatch>& batches, bool tune_allocator) : batches_(batches) {
+  LearnerRunner(const std::vector<TrainBatch>& batches, bool tune_allocator,
+                int32_t update_threads = 1)
+      : batches_(batches) {
     LearnerConfig c;
     c.tune_allocator = tune_allocator;
+    c.threads = update_threads;
     c.max_policy_lag = 1 << 20;  // the same few batches are offered again and again
     auto learner =
         Learner::Create(c, std::make_shared<engine::LlamaModel>(engine::ModelConfig(), 0));
@@ -229,7 +234,8 @@ int Main(int argc, char** argv) {
     }
   }
   log::Init("learner_bench", {spdlog::level::warn});
-  at::set_num_threads(1);
+  // One thread for torch and OpenBLAS, as in the job (the learner's process sets both).
+  engine::SetComputeThreads(1);
   std::mt19937_64 rng(1);
   auto gen_model = std::make_shared<engine::LlamaModel>(engine::ModelConfig(), 0);
   const auto batches = MakeBatches(*gen_model, 4, rng);
@@ -280,7 +286,7 @@ int Main(int argc, char** argv) {
   const double py = py_rounds.size() == static_cast<size_t>(rounds) ? Median(py_rounds) : -1;
   const double l_next_to_py = Median(l_rounds);
   // Two intra-op threads (the default is one; see docs/trainer.md).
-  at::set_num_threads(2);
+  engine::SetComputeThreads(2);
   LearnerRunner learner2(batches, o.tune_allocator);
   std::vector<double> t2;
   for (int i = 0; i < warmup + o.steps / 2; ++i) {
@@ -289,7 +295,30 @@ int Main(int argc, char** argv) {
     if (i >= warmup) t2.push_back(dt);
   }
   const double l2 = static_cast<double>(tokens_per_step) / Median(t2);
-  at::set_num_threads(1);
+  engine::SetComputeThreads(1);
+  // Two update threads (trainer.threads 2: the sequences split across two threads of one
+  // intra-op thread each), alternating step by step with the one-thread learner.
+  LearnerRunner learner_t2(batches, o.tune_allocator, 2);
+  std::vector<double> tt2, tt1, ct2, ct1;
+  for (int i = 0; i < warmup + o.steps / 2; ++i) {
+    double a = 0, b = 0;
+    const double c0 = ProcessCpuSeconds();
+    learner_t2.Step(&a);
+    const double c1 = ProcessCpuSeconds();
+    learner.Step(&b);
+    const double c2 = ProcessCpuSeconds();
+    if (i >= warmup) {
+      tt2.push_back(a);
+      tt1.push_back(b);
+      ct2.push_back(c1 - c0);
+      ct1.push_back(c2 - c1);
+    }
+  }
+  // CPU-seconds per step, 2 update threads over 1: the threads' overhead (1 = none; the
+  // wall-time gain on free cores is then the thread count), whatever the machine's load.
+  const double update_threads_cpu_ratio = Median(ct2) / Median(ct1);
+  const double lt2 = static_cast<double>(tokens_per_step) / Median(tt2);
+  const double update_threads_ratio = Median(tt1) / Median(tt2);
 
   std::printf(
       "learner (1 thread):  %8.0f tok/s  (%.1f ms/step; forward %.0f%%, backward %.0f%%, "
@@ -299,6 +328,10 @@ int Main(int argc, char** argv) {
   std::printf("raw libtorch loop:   %8.0f tok/s  -> learner %.2fx of the limit\n", raw_tok_s,
               l1 / raw_tok_s);
   std::printf("learner (2 threads): %8.0f tok/s  (%.2fx of 1 thread)\n", l2, l2 / l1);
+  std::printf(
+      "learner (2 update threads): %8.0f tok/s  (%.2fx of 1 thread, alternating; CPU-seconds "
+      "per step %.2fx)\n",
+      lt2, update_threads_ratio, update_threads_cpu_ratio);
   nlohmann::json j;
   j["bench"] = "trainer_learner";
   j["sequences"] = kSeqs;
@@ -314,6 +347,9 @@ int Main(int argc, char** argv) {
   j["learner_vs_raw"] = l1 / raw_tok_s;
   j["learner_2threads_tok_s"] = l2;
   j["threads2_vs_1"] = l2 / l1;
+  j["learner_2update_threads_tok_s"] = lt2;
+  j["update_threads2_vs_1"] = update_threads_ratio;
+  j["update_threads2_cpu_per_step_vs_1"] = update_threads_cpu_ratio;
   if (py > 0) {
     std::printf(
         "python pytorch step: %8.0f tok/s  -> learner %.2fx (%.0f tok/s in the same rounds)\n", py,

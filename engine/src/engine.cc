@@ -241,17 +241,6 @@ std::string CheckRequest(const GenerateRequest& r, const EngineConfig& c) {
   return "";
 }
 
-// Torch's set_num_threads does not reach OpenBLAS's own (pthread) thread pool, which then
-// runs every GEMM on all cores and competes with the caller's threads. When OpenBLAS is the
-// BLAS, set its thread count too (process-wide). Returns whether it was found.
-bool SetBlasThreads(int n) {
-  using SetFn = void (*)(int);
-  auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (fn == nullptr) return false;
-  fn(n);
-  return true;
-}
-
 // Restores the module's train/eval mode on scope exit.
 class EvalModeGuard {
  public:
@@ -268,6 +257,15 @@ class EvalModeGuard {
 };
 
 }  // namespace
+
+bool SetComputeThreads(int n) {
+  at::set_num_threads(n);
+  using SetFn = void (*)(int);
+  auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn == nullptr) return false;
+  fn(n);
+  return true;
+}
 
 // ------------------------------------------------------------------ Engine
 
@@ -859,8 +857,7 @@ void Engine::Loop::Step() {
 void Engine::ThreadMain() {
   c10::InferenceMode inference_mode;
   if (config_.intra_op_threads > 0) {
-    at::set_num_threads(config_.intra_op_threads);
-    SetBlasThreads(config_.intra_op_threads);
+    SetComputeThreads(config_.intra_op_threads);
   }
   Loop& L = *loop_;
   for (;;) {

@@ -150,6 +150,80 @@ TEST(Learner, MicroBatchingDoesNotChangeTheUpdate) {
   }
 }
 
+TEST(Learner, UpdateThreadsGiveTheOneThreadUpdateDeterministically) {
+  // trainer.threads deals an update's sequences to several threads whose gradients are summed
+  // in thread order: the same update as one thread (up to float summation order), and the
+  // same bits on every run whatever the timing. Three updates, with a KL reference (its
+  // log-probs are stored by the threads concurrently) and micro-batches inside each share.
+  std::vector<SeqSpec> seqs = {{kPrompt, kRespA, 1.0f},          {kPrompt, {9, 2}, 0.0f},
+                               {kPrompt, kRespB, 0.0f},          {kPrompt, {9, 10, 2}, 1.0f},
+                               {{1, 7, 3}, {4, 5, 6, 7, 8, 2}, 0.5f}, {{1, 7, 3}, {11}, 0.0f},
+                               {{1, 7, 3}, {4, 5, 2}, 1.0f},     {{1, 7, 3}, {12, 2}, 0.0f}};
+  struct Run {
+    std::vector<StepMetrics> steps;
+    std::vector<at::Tensor> grads, params;
+  };
+  auto run = [&](int32_t threads, int64_t budget) {
+    LearnerConfig c = TestConfig();
+    c.threads = threads;
+    c.micro_batch_tokens = budget;
+    c.kl_coef = 0.1;
+    auto l = MakeLearner(c, 4, SmallModel(7));
+    Run r;
+    for (int u = 0; u < 3; ++u) {
+      auto adm = l->Offer(
+          OnPolicyBatch(l->policy(), "t" + std::to_string(u), static_cast<uint64_t>(u), 4, seqs));
+      EXPECT_TRUE(adm.ok()) << adm.status().ToString();
+      auto m = l->Step();
+      EXPECT_TRUE(m.ok()) << m.status().ToString();
+      if (m.ok()) r.steps.push_back(*m);
+    }
+    for (auto& p : l->policy().parameters()) {
+      r.grads.push_back(p.grad().clone());
+      r.params.push_back(p.detach().clone());
+    }
+    return r;
+  };
+  const Run one = run(1, 8192), two = run(2, 8192), two_again = run(2, 8192),
+            three_small = run(3, 12);
+  ASSERT_EQ(one.steps.size(), 3u);
+  ASSERT_EQ(two.steps.size(), 3u);
+  ASSERT_EQ(three_small.steps.size(), 3u);
+  EXPECT_EQ(one.steps[0].micro_batches, 1);
+  EXPECT_EQ(two.steps[0].micro_batches, 2);  // one share per thread
+  EXPECT_GT(three_small.steps[0].micro_batches, 3);
+  // Same update as one thread: the first step's gradients (before Adam's ~sign(g) step can
+  // amplify rounding where g is ~0), loss and KL on every step.
+  for (const Run* r : {&two, &three_small}) {
+    for (size_t u = 0; u < 3; ++u) {
+      EXPECT_NEAR(r->steps[u].loss, one.steps[u].loss, 1e-5) << "update " << u;
+      EXPECT_NEAR(r->steps[u].kl, one.steps[u].kl, 1e-6) << "update " << u;
+      EXPECT_EQ(r->steps[u].tokens, one.steps[u].tokens);
+    }
+    EXPECT_NEAR(r->steps[0].grad_norm, one.steps[0].grad_norm, 1e-5 * one.steps[0].grad_norm);
+  }
+  // Bit for bit across runs with the same thread count.
+  ASSERT_EQ(two.params.size(), two_again.params.size());
+  for (size_t i = 0; i < two.params.size(); ++i) {
+    EXPECT_TRUE(at::equal(two.params[i], two_again.params[i])) << "parameter " << i;
+    EXPECT_TRUE(at::equal(two.grads[i], two_again.grads[i])) << "gradient " << i;
+  }
+  for (size_t u = 0; u < 3; ++u) EXPECT_EQ(two.steps[u].loss, two_again.steps[u].loss);
+}
+
+TEST(Learner, UpdateThreadsRefuseWhatTheyCannotKeepDeterministic) {
+  LearnerConfig c = TestConfig();
+  c.threads = 0;
+  EXPECT_THAT(Learner::Create(c, SmallModel(1)).status().message(),
+              HasSubstr("learner.threads = 0 must be in [1, 64]"));
+  c.threads = 2;
+  engine::ModelConfig mc = testing::SmallModelConfig();
+  mc.lora.rank = 4;
+  mc.lora.dropout = 0.1;
+  auto model = std::make_shared<engine::LlamaModel>(mc, 1);
+  EXPECT_THAT(Learner::Create(c, model).status().message(), HasSubstr("lora.dropout"));
+}
+
 TEST(Learner, OnPolicyRatioIsOne) {
   LearnerConfig c = TestConfig();
   auto l = MakeLearner(c);

@@ -96,6 +96,9 @@ Status LearnerConfig::Validate() const {
   if (micro_batch_tokens < 1) {
     return InvalidArgument("learner.micro_batch_tokens = {} must be >= 1", micro_batch_tokens);
   }
+  if (threads < 1 || threads > 64) {
+    return InvalidArgument("learner.threads = {} must be in [1, 64]", threads);
+  }
   if (batches_per_update < 1) {
     return InvalidArgument("learner.batches_per_update = {} must be >= 1", batches_per_update);
   }
@@ -164,6 +167,8 @@ void Describe(Binder& b, LearnerConfig& c) {
   b.Field("grad_clip", &c.grad_clip, "global gradient-norm clip (0: off)");
   b.Field("micro_batch_tokens", &c.micro_batch_tokens,
           "padded tokens per forward/backward micro-batch");
+  b.Field("threads", &c.threads,
+          "threads of an RL update (CPU; sequences dealt round-robin, gradients summed in order)");
   b.Field("updates_per_batch", &c.updates_per_batch, "optimizer updates per batch (PPO epochs)");
   b.Field("max_policy_lag", &c.max_policy_lag,
           "largest learner_version - batch_version accepted (unset: updates_per_batch - 1)");

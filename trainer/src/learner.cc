@@ -4,17 +4,22 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/adamw.h>
 // clip_grad.h relies on torch::Tensor being declared before it.
 #include <torch/nn/utils/clip_grad.h>
@@ -25,6 +30,7 @@
 #include "troupe/core/check.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
+#include "troupe/engine/engine.h"
 #include "troupe/engine/logprob.h"
 #include "troupe/engine/peft.h"
 #include "troupe/engine/safetensors.h"
@@ -75,6 +81,7 @@ struct Group {
   int32_t uses = 0;
   bool dirty = true;  // the active set changed: repack
   std::vector<PackedMicroBatch> micro;
+  std::vector<int32_t> micro_thread;  // the update thread of each micro-batch (threads > 1)
   int64_t sequences = 0;  // sequences packed (with trained tokens)
   int64_t trained_tokens = 0;
   int64_t padded_tokens = 0;
@@ -181,6 +188,9 @@ struct Learner::State {
   bool PrepareGroup() TROUPE_EXCLUDES(mu);
   // Packs the group's active, trainable sequences into micro-batches.
   void Repack(Group& g);
+  // Which update thread runs which sequences (indices into `views`), as micro-batches.
+  std::vector<std::pair<int32_t, std::vector<int64_t>>> PlanUpdate(
+      const std::vector<SequenceView>& views) const;
   // One RL update on the prepared group; the caller handles errors.
   Result<StepMetrics> RunRlUpdate(SteadyClock::time_point t0);
   // Clips gradients, steps AdamW at `lr`; returns the pre-clip norm (non-finite: no step).
@@ -260,6 +270,16 @@ Result<std::unique_ptr<Learner>> Learner::Create(const LearnerConfig& config,
   if (reference && reference->device() != policy->device()) {
     return InvalidArgument("reference model on {} but policy on {}", reference->device().str(),
                            policy->device().str());
+  }
+  if (config.threads > 1 && !policy->device().is_cpu()) {
+    return InvalidArgument("learner.threads = {} splits updates across CPU threads; the policy is on {}",
+                           config.threads, policy->device().str());
+  }
+  if (config.threads > 1 && mc.lora.enabled() && mc.lora.dropout > 0) {
+    return InvalidArgument(
+        "learner.threads = {} with lora.dropout = {}: dropout masks drawn by several threads "
+        "would depend on timing (set one of them to 1 / 0)",
+        config.threads, mc.lora.dropout);
   }
   if (config.max_sequence_tokens > mc.max_seq_len) {
     return InvalidArgument("learner.max_sequence_tokens = {} exceeds the model's max_seq_len {}",
@@ -531,15 +551,50 @@ void Learner::State::Repack(Group& g) {
             : static_cast<float>(1.0 / (static_cast<double>(trained_per_seq[i]) * n_seq));
   }
   g.micro.clear();
+  g.micro_thread.clear();
   g.padded_tokens = 0;
-  for (const auto& rows : PlanMicroBatches(views, cfg.micro_batch_tokens)) {
+  for (const auto& [thread, rows] : PlanUpdate(views)) {
     PackedMicroBatch mb = ToDevice(PackMicroBatch(views, rows), device);
     g.padded_tokens += mb.rows * mb.length;
     g.micro.push_back(std::move(mb));
+    g.micro_thread.push_back(thread);
   }
   g.sequences = static_cast<int64_t>(views.size());
   g.trained_tokens = total;
   g.dirty = false;
+}
+
+std::vector<std::pair<int32_t, std::vector<int64_t>>> Learner::State::PlanUpdate(
+    const std::vector<SequenceView>& views) const {
+  std::vector<std::pair<int32_t, std::vector<int64_t>>> plan;
+  const int32_t threads = std::max<int32_t>(1, std::min<int32_t>(cfg.threads, views.size()));
+  if (threads == 1) {
+    for (auto& rows : PlanMicroBatches(views, cfg.micro_batch_tokens))
+      plan.emplace_back(0, std::move(rows));
+    return plan;
+  }
+  // Deal the sequences, longest first, round-robin: every thread gets the same mix of
+  // lengths, hence about the same padded tokens. Then micro-batches within each share.
+  std::vector<int64_t> order(views.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return views[a].input_len() > views[b].input_len();
+  });
+  for (int32_t t = 0; t < threads; ++t) {
+    std::vector<int64_t> index;
+    std::vector<SequenceView> share;
+    for (size_t k = static_cast<size_t>(t); k < order.size(); k += static_cast<size_t>(threads)) {
+      index.push_back(order[k]);
+      share.push_back(views[order[k]]);
+    }
+    for (const auto& rows : PlanMicroBatches(share, cfg.micro_batch_tokens)) {
+      std::vector<int64_t> global;
+      global.reserve(rows.size());
+      for (int64_t r : rows) global.push_back(index[r]);
+      plan.emplace_back(t, std::move(global));
+    }
+  }
+  return plan;
 }
 
 double Learner::State::ApplyGradients(double lr, double eps) {
@@ -635,37 +690,119 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
   coef.is_cap = cfg.is_cap;
   coef.kl_coef = cfg.kl_coef;
   coef.entropy_coef = cfg.entropy_coef;
-  PolicyLossStats total;
-  optimizer->zero_grad();
-  for (const PackedMicroBatch& mb : g.micro) {
-    auto tf = SteadyClock::now();
-    TargetScores scores = ScoreTargets(*policy, mb, cfg.temperature, /*entropy=*/true,
-                                       /*entropy_grad=*/cfg.entropy_coef > 0, /*hits=*/false);
-    PolicyLossInputs in;
-    in.logprobs = scores.logprobs;
-    in.proximal_logprobs = first ? in.logprobs.detach() : GatherFlat(g.prox_flat, mb);
-    in.behaviour_logprobs = mb.behaviour;
-    in.advantages = mb.advantages;
-    in.mask = mb.mask;
-    in.token_weights = mb.weights;
-    if (reference != nullptr) {
-      if (!g.ref_ready) {
-        at::NoGradGuard no_grad;
-        at::Tensor ref = ScoreTargets(*reference, mb, cfg.temperature, false, false, false).logprobs;
-        StoreFlat(g.ref_flat, mb, ref);
-        in.reference_logprobs = ref;
+  // One update thread's share: forward and backward of its micro-batches, in order. Thread 0
+  // (the training thread) accumulates into the parameters' .grad; the others into `grads`,
+  // summed into .grad in thread order afterwards (results independent of timing).
+  struct Share {
+    PolicyLossStats stats;
+    std::vector<at::Tensor> grads;
+    double forward_s = 0, backward_s = 0;
+    std::exception_ptr error;  // what the share threw (rethrown on the training thread)
+  };
+  const int32_t threads =
+      g.micro_thread.empty() ? 1 : *std::max_element(g.micro_thread.begin(), g.micro_thread.end()) + 1;
+  std::vector<Share> shares(static_cast<size_t>(threads));
+  Mutex flat_mu;  // prox_flat / ref_flat writes of concurrent threads
+  auto run_share = [&](int32_t t) {
+    Share& sh = shares[static_cast<size_t>(t)];
+    for (size_t i = 0; i < g.micro.size(); ++i) {
+      if (g.micro_thread[i] != t) continue;
+      const PackedMicroBatch& mb = g.micro[i];
+      auto tf = SteadyClock::now();
+      TargetScores scores = ScoreTargets(*policy, mb, cfg.temperature, /*entropy=*/true,
+                                         /*entropy_grad=*/cfg.entropy_coef > 0, /*hits=*/false);
+      PolicyLossInputs in;
+      in.logprobs = scores.logprobs;
+      in.proximal_logprobs = first ? in.logprobs.detach() : GatherFlat(g.prox_flat, mb);
+      in.behaviour_logprobs = mb.behaviour;
+      in.advantages = mb.advantages;
+      in.mask = mb.mask;
+      in.token_weights = mb.weights;
+      if (reference != nullptr) {
+        if (!g.ref_ready) {
+          at::NoGradGuard no_grad;
+          at::Tensor ref =
+              ScoreTargets(*reference, mb, cfg.temperature, false, false, false).logprobs;
+          MutexLock l(flat_mu);
+          StoreFlat(g.ref_flat, mb, ref);
+          in.reference_logprobs = ref;
+        } else {
+          in.reference_logprobs = GatherFlat(g.ref_flat, mb);
+        }
+      }
+      in.entropy = scores.entropy;
+      PolicyLossResult res = ComputePolicyLoss(in, coef);
+      if (first && keep_prox) {
+        MutexLock l(flat_mu);
+        StoreFlat(g.prox_flat, mb, in.logprobs);
+      }
+      auto tb = SteadyClock::now();
+      sh.forward_s += Seconds(tf, tb);
+      if (t == 0) {
+        res.loss.backward();
       } else {
-        in.reference_logprobs = GatherFlat(g.ref_flat, mb);
+        std::vector<at::Tensor> got = torch::autograd::grad(
+            {res.loss}, params, /*grad_outputs=*/{}, /*retain_graph=*/false,
+            /*create_graph=*/false, /*allow_unused=*/true);
+        if (sh.grads.empty()) {
+          sh.grads = std::move(got);
+        } else {
+          for (size_t k = 0; k < got.size(); ++k) {
+            if (!got[k].defined()) continue;
+            if (sh.grads[k].defined())
+              sh.grads[k].add_(got[k]);
+            else
+              sh.grads[k] = got[k];
+          }
+        }
+      }
+      sh.backward_s += Seconds(tb, SteadyClock::now());
+      sh.stats.Add(res.stats);
+    }
+  };
+  optimizer->zero_grad();
+  if (threads == 1) {
+    run_share(0);
+  } else {
+    engine::SetComputeThreads(1);
+    std::vector<std::thread> helpers;
+    for (int32_t t = 1; t < threads; ++t) {
+      helpers.emplace_back([&, t] {
+        // One intra-op thread each (torch and OpenBLAS): the threads are the parallelism.
+        engine::SetComputeThreads(1);
+        try {
+          run_share(t);
+        } catch (...) {
+          shares[static_cast<size_t>(t)].error = std::current_exception();
+        }
+      });
+    }
+    try {
+      run_share(0);
+    } catch (...) {
+      shares[0].error = std::current_exception();
+    }
+    for (auto& h : helpers) h.join();
+    for (const Share& sh : shares) {
+      if (sh.error) std::rethrow_exception(sh.error);  // as the one-thread loop would throw
+    }
+    for (size_t t = 1; t < shares.size(); ++t) {
+      const auto& grads = shares[t].grads;
+      for (size_t k = 0; k < grads.size(); ++k) {
+        if (!grads[k].defined()) continue;
+        at::Tensor& gk = params[k].mutable_grad();
+        if (gk.defined())
+          gk.add_(grads[k]);
+        else
+          gk = grads[k].clone();
       }
     }
-    in.entropy = scores.entropy;
-    PolicyLossResult res = ComputePolicyLoss(in, coef);
-    if (first && keep_prox) StoreFlat(g.prox_flat, mb, in.logprobs);
-    auto tb = SteadyClock::now();
-    m.forward_s += Seconds(tf, tb);
-    res.loss.backward();
-    m.backward_s += Seconds(tb, SteadyClock::now());
-    total.Add(res.stats);
+  }
+  PolicyLossStats total;
+  for (const Share& sh : shares) {  // thread order: the same sums every run
+    total.Add(sh.stats);
+    m.forward_s += sh.forward_s;  // summed over the update threads (thread-seconds)
+    m.backward_s += sh.backward_s;
   }
   if (reference != nullptr) g.ref_ready = true;
 

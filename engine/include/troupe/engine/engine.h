@@ -124,6 +124,12 @@ struct PaddedResults {
 PaddedResults PadResults(const std::vector<GenerationResult>& results, int32_t pad_id);
 
 // Counters since construction (monotonic).
+// Sets torch's intra-op threads (at::set_num_threads) and, when OpenBLAS is the BLAS, its
+// thread count too: torch's setting does not reach OpenBLAS's own pool, which then runs every
+// GEMM on all cores and competes with the caller's threads. OpenBLAS's count is process-wide.
+// Returns whether OpenBLAS was found.
+bool SetComputeThreads(int n);
+
 struct EngineStats {
   uint64_t requests = 0;          // requests accepted by Generate/Submit
   uint64_t rejected = 0;          // requests rejected

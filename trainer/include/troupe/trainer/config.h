@@ -111,6 +111,11 @@ struct LearnerConfig {
   // token count, so the result does not depend on this value; larger = fewer,
   // bigger matmuls (faster) but more activation memory. Default 8192.
   int64_t micro_batch_tokens = 8192;
+  // Threads of one RL update (CPU): the update's sequences are dealt round-robin, longest
+  // first, to this many threads; each runs forward and backward of its share's
+  // micro-batches with one intra-op thread, and their gradients are summed in thread order,
+  // so the result does not depend on timing. 1 = the training thread alone. Default 1.
+  int32_t threads = 1;
   // Admitted batches consumed by one optimizer update. Default 1.
   int32_t batches_per_update = 1;
   // Optimizer updates made on the same batches (PPO epochs). Default 1. Each
