@@ -59,16 +59,19 @@ def main():
         t_med = median([x["t_s"] if x["t_s"] is not None else a.max_seconds for x in runs])
         u_med = median([x["updates"] if x["updates"] is not None else a.max_steps for x in runs])
         p = {"lr": lr, "neg_scale": neg, "skip_uniform": skip, "median_t_s": t_med, "median_updates": u_med,
+             "median_best_acc": median([x["best_acc"] for x in runs]),
              "reached": sum(1 for x in runs if x["t_s"] is not None), "runs": runs}
         points.append(p)
         sys.stderr.write(f"lr {lr:g}  neg {neg:g}  skip {skip}: median {u_med:.0f} updates, {t_med:.1f} s to "
-                         f"{a.target:g} ({p['reached']}/{len(runs)} reached) {[x['updates'] for x in runs]}\n")
+                         f"{a.target:g} ({p['reached']}/{len(runs)} reached) {[x['updates'] for x in runs]}, "
+                         f"best accuracy {p['median_best_acc']:.3f}\n")
     key = "median_updates" if a.score == "steps" else "median_t_s"
-    best = min(points, key=lambda p: (p[key], -p["reached"]))
+    # Ties (e.g. no point reached the target within the budget) go to the best accuracy reached.
+    best = min(points, key=lambda p: (p[key], -p["reached"], -p["median_best_acc"]))
     print(json.dumps({"bench": "grpo_reverse_sweep", "target": a.target, "threads": a.threads, "score": a.score,
                       "max_seconds": a.max_seconds, "max_steps": a.max_steps,
                       "best": {k: best[k] for k in ("lr", "neg_scale", "skip_uniform", "median_updates",
-                                                    "median_t_s")},
+                                                    "median_t_s", "median_best_acc")},
                       "points": points}))
 
 
