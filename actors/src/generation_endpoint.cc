@@ -1,6 +1,7 @@
 #include "troupe/actors/generation_endpoint.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +40,9 @@ int64_t UnixSeconds() {
       .count();
 }
 
+// Connections waiting to be accepted (the kernel caps it at net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
 // One engine request's results, handed from the engine thread to the HTTP thread.
 struct Pending {
   Mutex mu;
@@ -58,6 +62,7 @@ struct GenerationEndpoint::Impl {
   httplib::Server server;
   std::thread thread;
   int port = -1;
+  int listen_fd = -1;  // the listening socket (the server owns it)
   std::atomic<uint64_t> next_id{0};
   std::atomic<int64_t> pending{0};
   std::atomic<uint64_t> requests{0}, ok{0}, client_errors{0}, server_errors{0}, tokens{0},
@@ -346,11 +351,22 @@ Status GenerationEndpoint::Impl::Start() {
       e.message = fmt::format("request body over {} bytes", o.limits.max_body_bytes);
     s.set_content(e.Json(), "application/json");
   });
+  // Debian's cpp-httplib (a shared library) listens with a backlog of 5: a burst of agent
+  // sessions' connections (one per model call, no keep-alive) overflows it, and every SYN the
+  // kernel drops costs that call a 1 s retransmission (seen with 128 sessions: p99 1.5-2.9 s,
+  // TcpExtListenOverflows rising). The listening socket gets a backlog of its own once bound.
+  server.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;  // the last socket tried is the one that bound
+  });
   port = o.port == 0 ? server.bind_to_any_port(o.host)
                      : (server.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port <= 0)
     return Unavailable("cannot serve the generation endpoint on {}:{}: {}", o.host, o.port,
                        std::strerror(errno));
+  if (listen_fd < 0 || ::listen(listen_fd, kListenBacklog) != 0)
+    return Internal("cannot set the generation endpoint's listen backlog: {}",
+                    std::strerror(errno));
   thread = std::thread([this] { server.listen_after_bind(); });
   // stop() is a no-op until the loop runs (cpp-httplib 0.11 has no readiness callback).
   const auto until = Clock::now() + std::chrono::seconds(10);
