@@ -1,8 +1,6 @@
 #include "troupe/actors/generation_endpoint.h"
 
-#include <fcntl.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -430,18 +428,6 @@ std::vector<std::pair<std::string, double>> GenerationEndpoint::StatsForMetrics(
           {"endpoint.generated_tokens", static_cast<double>(s.generated_tokens)},
           {"endpoint.recorded", static_cast<double>(s.recorded)},
           {"endpoint.open_groups", static_cast<double>(impl_->ledger.open_groups())}};
-}
-
-Result<std::string> RandomToken() {
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError("cannot open /dev/urandom: {}", std::strerror(errno));
-  unsigned char buf[32];
-  ssize_t n = read(fd, buf, sizeof(buf));
-  close(fd);
-  if (n != static_cast<ssize_t>(sizeof(buf))) return IoError("short read from /dev/urandom");
-  std::string hex;
-  for (unsigned char b : buf) hex += fmt::format("{:02x}", b);
-  return hex;
 }
 
 }  // namespace troupe::actors

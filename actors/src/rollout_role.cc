@@ -590,7 +590,13 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
 
 Status RolloutRole::StartAgents() {
   TROUPE_ASSIGN_OR_RETURN(agents_, envs::AgentClient::Create(job_.agents));
-  TROUPE_ASSIGN_OR_RETURN(endpoint_token_, RandomToken());
+  // One token for the whole job, issued by the launcher: valid on every rollout actor of
+  // the job (an agent may be handed any of them) and on no other job's.
+  if (ctx_.endpoint_token.empty())
+    return InvalidArgument(
+        "the job has agent servers but no endpoint token was delivered (the launcher hands it "
+        "to actors on stdin with --secrets-stdin; start actors with `troupe run`)");
+  endpoint_token_ = ctx_.endpoint_token;
   GenerationEndpointOptions eo;
   eo.host = ctx_.bind_host;
   eo.model = job_.name;
