@@ -75,8 +75,9 @@ Result<ActorSecrets> ReadSecrets(const std::string& config_path) {
   if (j.contains("endpoint_token")) {
     const auto& t = j["endpoint_token"];
     if (!t.is_string() || t.get<std::string>().empty() || t.get<std::string>().size() > 256)
-      return InvalidArgument("secrets on stdin: 'endpoint_token' must be a non-empty string of "
-                             "at most 256 characters");
+      return InvalidArgument(
+          "secrets on stdin: 'endpoint_token' must be a non-empty string of "
+          "at most 256 characters");
     out.endpoint_token = t.get<std::string>();
   }
   if (!j.value("curve", false)) return out;

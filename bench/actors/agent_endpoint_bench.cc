@@ -104,30 +104,31 @@ double ProcessCpuSeconds(pid_t pid) {
 // One path's best round: what it sampled and what the engine did meanwhile.
 struct PathRun {
   double seconds = 1e30;
-  int64_t sampled = 0;    // model tokens (mask 1) of the finished episodes
-  int64_t env = 0;        // environment tokens (mask 0)
-  int64_t turns = 0;      // model turns
-  int64_t episodes = 0;   // episodes that produced a training sequence
-  int64_t failed = 0;     // agent path: episodes refused (transport, parse, ledger)
-  int64_t token_limit = 0;  // driver: episodes ended by max_response_tokens
+  int64_t sampled = 0;         // model tokens (mask 1) of the finished episodes
+  int64_t env = 0;             // environment tokens (mask 0)
+  int64_t turns = 0;           // model turns
+  int64_t episodes = 0;        // episodes that produced a training sequence
+  int64_t failed = 0;          // agent path: episodes refused (transport, parse, ledger)
+  int64_t token_limit = 0;     // driver: episodes ended by max_response_tokens
   engine::EngineStats engine;  // the engine's counters over the round (deltas)
   double cpu_seconds = 0;      // CPU used meanwhile: this process, plus the agent server's
 
   double rate() const { return static_cast<double>(sampled) / seconds; }
   json Json() const {
     const double n = static_cast<double>(std::max<int64_t>(sampled, 1));
-    return {{"tokens_per_s", rate()},
-            {"seconds", seconds},
-            {"sampled_tokens", sampled},
-            {"turns_per_episode", static_cast<double>(turns) / std::max<int64_t>(episodes, 1)},
-            {"env_tokens_per_sampled", static_cast<double>(env) / n},
-            {"prefill_tokens_per_sampled", static_cast<double>(engine.prefill_tokens) / n},
-            {"mean_decode_batch", static_cast<double>(engine.generated_tokens) /
-                                      std::max<double>(1.0, static_cast<double>(engine.decode_steps))},
-            {"engine_busy", engine.step_wall_seconds / seconds},
-            {"tokens_per_cpu_s", static_cast<double>(sampled) / std::max(cpu_seconds, 1e-9)},
-            {"failed", failed},
-            {"token_limit", token_limit}};
+    return {
+        {"tokens_per_s", rate()},
+        {"seconds", seconds},
+        {"sampled_tokens", sampled},
+        {"turns_per_episode", static_cast<double>(turns) / std::max<int64_t>(episodes, 1)},
+        {"env_tokens_per_sampled", static_cast<double>(env) / n},
+        {"prefill_tokens_per_sampled", static_cast<double>(engine.prefill_tokens) / n},
+        {"mean_decode_batch", static_cast<double>(engine.generated_tokens) /
+                                  std::max<double>(1.0, static_cast<double>(engine.decode_steps))},
+        {"engine_busy", engine.step_wall_seconds / seconds},
+        {"tokens_per_cpu_s", static_cast<double>(sampled) / std::max(cpu_seconds, 1e-9)},
+        {"failed", failed},
+        {"token_limit", token_limit}};
   }
 };
 
@@ -304,7 +305,7 @@ int main(int argc, char** argv) {
                                        {"max_tokens", 4},
                                        {"temperature", 1.0}})
                                      .dump();
-  json sessions = json::array();
+  json sessions = json::array(), ratios = json::object(), cpu_ratios = json::object();
   double worst = 1e30;
   int64_t failed = 0;
   for (int n : counts) {
@@ -346,13 +347,17 @@ int main(int argc, char** argv) {
         "agent server via endpoint %6.0f tok/s (%.2f s, %.2f turns, %.1f prefill/sampled, "
         "%lld failed); ratio %.2f (per CPU second %.2f); short completion under load p50 "
         "%.1f ms, p99 %.1f ms\n",
-        n, drv.rate(), drv.seconds, static_cast<double>(drv.turns) / std::max<int64_t>(1, drv.episodes),
+        n, drv.rate(), drv.seconds,
+        static_cast<double>(drv.turns) / std::max<int64_t>(1, drv.episodes),
         static_cast<double>(drv.engine.prefill_tokens) / std::max<int64_t>(1, drv.sampled),
-        agt.rate(), agt.seconds, static_cast<double>(agt.turns) / std::max<int64_t>(1, agt.episodes),
+        agt.rate(), agt.seconds,
+        static_cast<double>(agt.turns) / std::max<int64_t>(1, agt.episodes),
         static_cast<double>(agt.engine.prefill_tokens) / std::max<int64_t>(1, agt.sampled),
         static_cast<long long>(agt.failed), ratio, cpu_ratio, Percentile(latencies, 0.5),
         Percentile(latencies, 0.99));
     std::fflush(stdout);
+    ratios[std::to_string(n)] = ratio;
+    cpu_ratios[std::to_string(n)] = cpu_ratio;
     sessions.push_back({{"episodes", n},
                         {"ratio", ratio},
                         {"cpu_ratio", cpu_ratio},
@@ -367,6 +372,8 @@ int main(int argc, char** argv) {
               {"endpoint_threads", eo.threads},
               {"target", 0.8},
               {"min_ratio", worst},
+              {"ratio_by_sessions", ratios},
+              {"cpu_ratio_by_sessions", cpu_ratios},
               {"failed_episodes", failed},
               {"sessions", sessions}};
   std::printf("%s\n", out.dump().c_str());

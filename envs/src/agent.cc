@@ -220,9 +220,10 @@ Status AgentsConfig::Validate() const {
   if (endpoint_max_n < 1 || endpoint_max_n > 256)
     return InvalidArgument("agents.endpoint_max_n must be in [1, 256]");
   if (endpoint_threads < 0 || endpoint_threads > 1024)
-    return InvalidArgument("agents.endpoint_threads must be in [0, 1024] (0 = one per /run "
-                           "worker plus 8), not {}",
-                           endpoint_threads);
+    return InvalidArgument(
+        "agents.endpoint_threads must be in [0, 1024] (0 = one per /run "
+        "worker plus 8), not {}",
+        endpoint_threads);
   if (endpoint_timeout_ms <= 0)
     return InvalidArgument("agents.endpoint_timeout_ms must be positive");
   return Status::Ok();

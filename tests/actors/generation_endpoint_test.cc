@@ -247,8 +247,7 @@ TEST_F(EndpointTest, RefusalsAreOpenAiErrorsAndTheEndpointKeepsServing) {
 // SYN costs the caller a 1 s retransmission): the listening socket's backlog, as `ss` reports
 // it (Send-Q of a LISTEN socket), is far above cpp-httplib's 5.
 TEST_F(EndpointTest, ListensWithABacklogForBurstsOfSessions) {
-  const std::string cmd =
-      "ss -Hltn 'sport = :" + std::to_string(endpoint_->port()) + "' 2>&1";
+  const std::string cmd = "ss -Hltn 'sport = :" + std::to_string(endpoint_->port()) + "' 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
