@@ -177,7 +177,8 @@ int main(int argc, char** argv) {
 
   // Limits: 4 turns of at most 32 tokens; the response budget and the context hold
   // 4 full turns and 3 environment messages (the longest, "no tool call found ...",
-  // is 92 characters), so neither path ends an episode on the token limit.
+  // is 108 characters: 4 x 32 + 3 x 110 = 458), so neither path ends an episode on the
+  // token limit.
   const int max_turns = 4, turn_tokens = 32, response_tokens = 480;
   auto tok = engine::CharTokenizer::Create(envs::PrintableAlphabet());
   envs::Renderer renderer(**tok, envs::ChatFormat::Compact());
