@@ -47,13 +47,20 @@ void SignalThread(sigset_t set) {
   }
 }
 
-// Reads the JSON the launcher writes on stdin: CURVE keys and, for actors on
-// remote hosts, the job's resolved config. A host that does not share the run
-// folder gets the config written to `config_path` (only if it is missing there).
-Result<transport::CurveOptions> ReadSecrets(const std::string& config_path) {
+// What the launcher hands an actor on stdin.
+struct ActorSecrets {
+  transport::CurveOptions curve;
+  std::string endpoint_token;  // the job's bearer token for generation endpoints ("" = none)
+};
+
+// Reads the JSON the launcher writes on stdin: CURVE keys, the job's endpoint
+// token and, for actors on remote hosts, the job's resolved config. A host that
+// does not share the run folder gets the config written to `config_path` (only
+// if it is missing there).
+Result<ActorSecrets> ReadSecrets(const std::string& config_path) {
   std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  transport::CurveOptions c;
-  if (text.empty()) return c;
+  ActorSecrets out;
+  if (text.empty()) return out;
   auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("secrets on stdin are not a JSON object");
@@ -65,7 +72,16 @@ Result<transport::CurveOptions> ReadSecrets(const std::string& config_path) {
         launcher::WriteFileAtomic(config_path, j["config_yaml"].get<std::string>(), 0600)
             .WithContext("writing the job config received on stdin"));
   }
-  if (!j.value("curve", false)) return c;
+  if (j.contains("endpoint_token")) {
+    const auto& t = j["endpoint_token"];
+    if (!t.is_string() || t.get<std::string>().empty() || t.get<std::string>().size() > 256)
+      return InvalidArgument(
+          "secrets on stdin: 'endpoint_token' must be a non-empty string of "
+          "at most 256 characters");
+    out.endpoint_token = t.get<std::string>();
+  }
+  if (!j.value("curve", false)) return out;
+  transport::CurveOptions& c = out.curve;
   c.enabled = true;
   c.server.public_key = j.value("server_public", "");
   c.server.secret_key = j.value("server_secret", "");
@@ -74,7 +90,7 @@ Result<transport::CurveOptions> ReadSecrets(const std::string& config_path) {
   if (j.contains("allowed_clients"))
     c.allowed_client_public_keys = j["allowed_clients"].get<std::vector<std::string>>();
   TROUPE_RETURN_IF_ERROR(c.Validate());
-  return c;
+  return out;
 }
 
 }  // namespace
@@ -112,7 +128,8 @@ int main(int argc, char** argv) {
   app.add_option("--restarts", restarts, "restarts of this actor id so far");
   app.add_option("--bind-host", args.bind_host, "address this actor binds and advertises");
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error");
-  app.add_flag("--secrets-stdin", secrets_stdin, "read CURVE keys (JSON) from stdin");
+  app.add_flag("--secrets-stdin", secrets_stdin,
+               "read the job's secrets (JSON: CURVE keys, endpoint token) from stdin");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -138,13 +155,14 @@ int main(int argc, char** argv) {
   transport::ZmqNetworkOptions no;
   no.identity.actor_id = args.id;
   if (secrets_stdin) {
-    auto curve = ReadSecrets(args.config);
-    if (!curve.ok()) {
-      logger.error("{}", curve.status().ToString());
+    auto secrets = ReadSecrets(args.config);
+    if (!secrets.ok()) {
+      logger.error("{}", secrets.status().ToString());
       stop_sig_thread();
       return 2;
     }
-    no.curve = *curve;
+    no.curve = secrets->curve;
+    args.endpoint_token = secrets->endpoint_token;
   }
   int rc = 0;
   {

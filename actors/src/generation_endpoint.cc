@@ -1,7 +1,6 @@
 #include "troupe/actors/generation_endpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstring>
@@ -39,6 +38,9 @@ int64_t UnixSeconds() {
       .count();
 }
 
+// Connections waiting to be accepted (the kernel caps it at net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
 // One engine request's results, handed from the engine thread to the HTTP thread.
 struct Pending {
   Mutex mu;
@@ -58,6 +60,7 @@ struct GenerationEndpoint::Impl {
   httplib::Server server;
   std::thread thread;
   int port = -1;
+  int listen_fd = -1;  // the listening socket (the server owns it)
   std::atomic<uint64_t> next_id{0};
   std::atomic<int64_t> pending{0};
   std::atomic<uint64_t> requests{0}, ok{0}, client_errors{0}, server_errors{0}, tokens{0},
@@ -346,11 +349,22 @@ Status GenerationEndpoint::Impl::Start() {
       e.message = fmt::format("request body over {} bytes", o.limits.max_body_bytes);
     s.set_content(e.Json(), "application/json");
   });
+  // Debian's cpp-httplib (a shared library) listens with a backlog of 5: a burst of agent
+  // sessions' connections (one per model call, no keep-alive) overflows it, and every SYN the
+  // kernel drops costs that call a 1 s retransmission (seen with 128 sessions: p99 1.5-2.9 s,
+  // TcpExtListenOverflows rising). The listening socket gets a backlog of its own once bound.
+  server.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;  // the last socket tried is the one that bound
+  });
   port = o.port == 0 ? server.bind_to_any_port(o.host)
                      : (server.bind_to_port(o.host, o.port) ? o.port : -1);
   if (port <= 0)
     return Unavailable("cannot serve the generation endpoint on {}:{}: {}", o.host, o.port,
                        std::strerror(errno));
+  if (listen_fd < 0 || ::listen(listen_fd, kListenBacklog) != 0)
+    return Internal("cannot set the generation endpoint's listen backlog: {}",
+                    std::strerror(errno));
   thread = std::thread([this] { server.listen_after_bind(); });
   // stop() is a no-op until the loop runs (cpp-httplib 0.11 has no readiness callback).
   const auto until = Clock::now() + std::chrono::seconds(10);
@@ -414,18 +428,6 @@ std::vector<std::pair<std::string, double>> GenerationEndpoint::StatsForMetrics(
           {"endpoint.generated_tokens", static_cast<double>(s.generated_tokens)},
           {"endpoint.recorded", static_cast<double>(s.recorded)},
           {"endpoint.open_groups", static_cast<double>(impl_->ledger.open_groups())}};
-}
-
-Result<std::string> RandomToken() {
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError("cannot open /dev/urandom: {}", std::strerror(errno));
-  unsigned char buf[32];
-  ssize_t n = read(fd, buf, sizeof(buf));
-  close(fd);
-  if (n != static_cast<ssize_t>(sizeof(buf))) return IoError("short read from /dev/urandom");
-  std::string hex;
-  for (unsigned char b : buf) hex += fmt::format("{:02x}", b);
-  return hex;
 }
 
 }  // namespace troupe::actors

@@ -26,6 +26,9 @@ struct JobContext {
   std::vector<int32_t> stop_ids;                 // ids that end a reply (EOS, generation_config.json's)
   std::shared_ptr<const envs::TaskRegistry> tasks;
   std::vector<const envs::Task*> task_list;  // in config order
+  // The job's bearer token for the rollout actors' generation endpoints (one per job, from
+  // the launcher; RoleArgs::endpoint_token). "" when the job has no agent servers.
+  std::string endpoint_token;
 
   // "tcp://<bind_host>:0"
   std::string AnyPort() const { return "tcp://" + bind_host + ":0"; }

@@ -51,6 +51,7 @@ Status RunRole(const RoleArgs& args, const RoleSetup& setup, ActorRuntime& runti
   }
   auto job = std::static_pointer_cast<launcher::JobConfig>(setup.config);
   TROUPE_ASSIGN_OR_RETURN(auto ctx, MakeJobContext(*job, args.run_dir, setup.bind_host));
+  ctx->endpoint_token = args.endpoint_token;
   if (args.role == "learner") return RunLearner(runtime, network, *ctx);
   if (args.role == "rollout") return RunRollout(runtime, network, *ctx);
   return RunReward(runtime, network, *ctx);

@@ -12,6 +12,9 @@ namespace troupe::actors {
 struct RoleArgs {
   std::string role, id, head, run_dir, config;
   std::string bind_host;  // address to bind and advertise (empty: from the config, else 127.0.0.1)
+  // The job's bearer token for generation endpoints, issued by the launcher and read from
+  // stdin (--secrets-stdin), never from the command line. "" when the job has none.
+  std::string endpoint_token;
 };
 
 // What the role needs before the runtime starts (parsed config, timings).

@@ -617,12 +617,18 @@ void RolloutRole::RunEpisodeGroups(envs::EpisodeDriver* driver, std::vector<Epis
 
 Status RolloutRole::StartAgents() {
   TROUPE_ASSIGN_OR_RETURN(agents_, envs::AgentClient::Create(job_.agents));
-  TROUPE_ASSIGN_OR_RETURN(endpoint_token_, RandomToken());
+  // One token for the whole job, issued by the launcher: valid on every rollout actor of
+  // the job (an agent may be handed any of them) and on no other job's.
+  if (ctx_.endpoint_token.empty())
+    return InvalidArgument(
+        "the job has agent servers but no endpoint token was delivered (the launcher hands it "
+        "to actors on stdin with --secrets-stdin; start actors with `troupe run`)");
+  endpoint_token_ = ctx_.endpoint_token;
   GenerationEndpointOptions eo;
   eo.host = ctx_.bind_host;
   eo.model = job_.name;
   eo.token = endpoint_token_;
-  eo.threads = static_cast<int>(job_.agents.endpoint_threads);
+  eo.threads = static_cast<int>(job_.agents.EndpointThreads());
   eo.timeout_ms = job_.agents.endpoint_timeout_ms;
   eo.limits.max_n = static_cast<int32_t>(job_.agents.endpoint_max_n);
   eo.limits.max_tokens = job_.model.max_seq_len;
@@ -635,11 +641,10 @@ Status RolloutRole::StartAgents() {
                                                     [this] { return weights_ready_.load(); }));
   rt_.AddEndpoint("openai", endpoint_->BaseUrl());
   // /run calls block for a whole episode: enough workers for every server's limit.
-  size_t workers = std::min<size_t>(
-      128, static_cast<size_t>(job_.agents.max_concurrency) * job_.agents.servers.size());
+  const auto workers = static_cast<size_t>(job_.agents.RunWorkers());
   for (size_t i = 0; i < workers; ++i) agent_workers_.emplace_back(&RolloutRole::AgentWorker, this);
-  Log().info("{} agent server(s), {} /run workers; endpoint {}", job_.agents.servers.size(),
-             workers, endpoint_->BaseUrl());
+  Log().info("{} agent server(s), {} /run workers; endpoint {} ({} HTTP threads)",
+             job_.agents.servers.size(), workers, endpoint_->BaseUrl(), eo.threads);
   return Status::Ok();
 }
 

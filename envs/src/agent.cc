@@ -219,11 +219,22 @@ Status AgentsConfig::Validate() const {
     return InvalidArgument("agents.max_response_bytes must be at least 1024");
   if (endpoint_max_n < 1 || endpoint_max_n > 256)
     return InvalidArgument("agents.endpoint_max_n must be in [1, 256]");
-  if (endpoint_threads < 1 || endpoint_threads > 1024)
-    return InvalidArgument("agents.endpoint_threads must be in [1, 1024]");
+  if (endpoint_threads < 0 || endpoint_threads > 1024)
+    return InvalidArgument(
+        "agents.endpoint_threads must be in [0, 1024] (0 = one per /run "
+        "worker plus 8), not {}",
+        endpoint_threads);
   if (endpoint_timeout_ms <= 0)
     return InvalidArgument("agents.endpoint_timeout_ms must be positive");
   return Status::Ok();
+}
+
+int64_t AgentsConfig::RunWorkers() const {
+  return std::min<int64_t>(128, max_concurrency * static_cast<int64_t>(servers.size()));
+}
+
+int64_t AgentsConfig::EndpointThreads() const {
+  return endpoint_threads > 0 ? endpoint_threads : RunWorkers() + 8;
 }
 
 // ---------------------------------------------------------------- parsing
@@ -583,7 +594,8 @@ void Describe(config::Binder& b, AgentsConfig& c) {
   b.Field("max_concurrency", &c.max_concurrency, "/run calls in flight per agent server");
   b.Field("max_response_bytes", &c.max_response_bytes, "largest /run answer accepted");
   b.Field("endpoint_max_n", &c.endpoint_max_n, "largest n the generation endpoint accepts");
-  b.Field("endpoint_threads", &c.endpoint_threads, "HTTP threads of the generation endpoint");
+  b.Field("endpoint_threads", &c.endpoint_threads,
+          "HTTP threads of the generation endpoint (0 = one per /run worker plus 8)");
   b.Field("endpoint_timeout_ms", &c.endpoint_timeout_ms,
           "a model call waits this long for the engine at most (then 503)");
 }

@@ -34,6 +34,7 @@
 #include "remote_spawner.h"
 #include "tokenize_cmd.h"
 #include "troupe/core/log.h"
+#include "troupe/core/random.h"
 #include "troupe/core/text.h"
 #include "troupe/launcher/control_client.h"
 #include "troupe/launcher/dashboard.h"
@@ -88,34 +89,44 @@ void StopSignalThread(sigset_t set) {
   }
 }
 
-// What actors read on stdin (JSON): the CURVE keys when CURVE is on and, for
-// remote backends, the resolved config (hosts need not share the run folder).
+// What actors read on stdin (JSON): the CURVE keys when CURVE is on, the job's
+// endpoint token when it has agent servers (every rollout actor's generation
+// endpoint accepts this one bearer token and no other; also written to
+// RUN/secrets/endpoint.json for manual calls) and, for remote backends, the
+// resolved config (hosts need not share the run folder). "" when there is nothing.
 Result<std::string> MakeSecrets(const JobConfig& job, const RunDir& run,
                                 transport::CurveOptions* head_curve) {
   bool multi_host = job.cluster.backend != "local";
   bool on = job.cluster.curve == "on" || (job.cluster.curve == "auto" && multi_host);
-  nlohmann::json stdin_json;
+  nlohmann::json j = nlohmann::json::object();
   if (multi_host) {
     TROUPE_ASSIGN_OR_RETURN(std::string config_text, ReadFile(run.config()));
-    stdin_json["config_yaml"] = config_text;
+    j["config_yaml"] = config_text;
   }
-  if (!on) return multi_host ? stdin_json.dump() : std::string();
-  TROUPE_ASSIGN_OR_RETURN(auto server, transport::GenerateCurveKeyPair());
-  TROUPE_ASSIGN_OR_RETURN(auto client, transport::GenerateCurveKeyPair());
-  nlohmann::json j;
-  j["curve"] = true;
-  j["server_public"] = server.public_key;
-  j["server_secret"] = server.secret_key;
-  j["client_public"] = client.public_key;
-  j["client_secret"] = client.secret_key;
-  j["allowed_clients"] = std::vector<std::string>{client.public_key};
-  TROUPE_RETURN_IF_ERROR(WriteFileAtomic(run.secrets() + "/curve.json", j.dump() + "\n", 0600));
-  head_curve->enabled = true;
-  head_curve->server = server;
-  head_curve->client = client;
-  head_curve->allowed_client_public_keys = {client.public_key};
-  if (multi_host) j["config_yaml"] = stdin_json["config_yaml"];
-  return j.dump();
+  if (job.agents.enabled()) {
+    TROUPE_ASSIGN_OR_RETURN(std::string token, RandomHex(32));
+    TROUPE_RETURN_IF_ERROR(WriteFileAtomic(run.secrets() + "/endpoint.json",
+                                           nlohmann::json{{"token", token}}.dump() + "\n", 0600));
+    j["endpoint_token"] = token;
+  }
+  if (on) {
+    TROUPE_ASSIGN_OR_RETURN(auto server, transport::GenerateCurveKeyPair());
+    TROUPE_ASSIGN_OR_RETURN(auto client, transport::GenerateCurveKeyPair());
+    nlohmann::json c;
+    c["curve"] = true;
+    c["server_public"] = server.public_key;
+    c["server_secret"] = server.secret_key;
+    c["client_public"] = client.public_key;
+    c["client_secret"] = client.secret_key;
+    c["allowed_clients"] = std::vector<std::string>{client.public_key};
+    TROUPE_RETURN_IF_ERROR(WriteFileAtomic(run.secrets() + "/curve.json", c.dump() + "\n", 0600));
+    head_curve->enabled = true;
+    head_curve->server = server;
+    head_curve->client = client;
+    head_curve->allowed_client_public_keys = {client.public_key};
+    j.update(c);
+  }
+  return j.empty() ? std::string() : j.dump();
 }
 
 // The roles the head supervises (roles without actors that cannot be scaled are left out).

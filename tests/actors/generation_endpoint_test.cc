@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "troupe/engine/engine.h"
 #include "troupe/engine/tokenizer.h"
 #include "troupe/envs/agent.h"
+#include "troupe/envs/episode.h"
 #include "troupe/envs/renderer.h"
 #include "troupe/envs/tasks.h"
 
@@ -240,6 +243,26 @@ TEST_F(EndpointTest, RefusalsAreOpenAiErrorsAndTheEndpointKeepsServing) {
 
 // ------------------------------------------------------------ the agent path
 
+// Bursts of sessions' connections queue in the kernel instead of being dropped (a dropped
+// SYN costs the caller a 1 s retransmission): the listening socket's backlog, as `ss` reports
+// it (Send-Q of a LISTEN socket), is far above cpp-httplib's 5.
+TEST_F(EndpointTest, ListensWithABacklogForBurstsOfSessions) {
+  const std::string cmd = "ss -Hltn 'sport = :" + std::to_string(endpoint_->port()) + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << out;
+  // "LISTEN 0 1024 127.0.0.1:PORT 0.0.0.0:*"
+  std::istringstream line(out);
+  std::string state;
+  long recv_q = -1, send_q = -1;
+  line >> state >> recv_q >> send_q;
+  ASSERT_EQ(state, "LISTEN") << out;
+  EXPECT_GE(send_q, 128) << out;
+}
+
 class AgentPathTest : public EndpointTest {
  protected:
   void SetUp() override {
@@ -320,6 +343,26 @@ TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
     }
     EXPECT_EQ(got_model, model_runs);
     EXPECT_EQ(got_env, env_runs);
+    // The agent answers each reply as the built-in environment does (the benchmark compares
+    // the two paths on the same episodes): the same replies given to envs::Episode get the
+    // same tool messages, word for word.
+    envs::EpisodeConfig limits;
+    limits.max_turns = 3;
+    auto builtin = envs::Episode::Start(*task_, task_->GetPrompt(envs::Split::kTrain, i), limits);
+    ASSERT_TRUE(builtin.ok()) << builtin.status().ToString();
+    std::optional<std::string> shown;
+    for (const auto& item : answer["response"]["output"]) {
+      if (item["type"] == "function_call_output") {
+        ASSERT_TRUE(shown.has_value()) << "the built-in episode ended before this output";
+        EXPECT_EQ(item["output"].get<std::string>(), *shown);
+        shown.reset();
+      } else if (item.contains("generation_token_ids")) {
+        auto text = tokenizer_->Decode(item["generation_token_ids"].get<std::vector<int32_t>>(),
+                                       /*skip_special=*/true);
+        ASSERT_TRUE(text.ok());
+        shown = (*builtin)->OnAssistantTurn(*text);
+      }
+    }
     multi_turn += ep->turns.size() > 1;
     ledger_.Close(group);
   }

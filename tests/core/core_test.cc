@@ -5,6 +5,7 @@
 
 #include "troupe/core/deadline.h"
 #include "troupe/core/log.h"
+#include "troupe/core/random.h"
 #include "troupe/core/status.h"
 
 namespace troupe {
@@ -65,6 +66,20 @@ TEST(Log, EveryNRateLimits) {
   EXPECT_TRUE(every());
   EXPECT_FALSE(every());
   EXPECT_FALSE(every());
+}
+
+TEST(RandomHex, GivesLowercaseHexOfTwiceTheBytesAndNeverTheSameTwice) {
+  auto a = RandomHex(32), b = RandomHex(32);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString();
+  EXPECT_EQ(a->size(), 64u);
+  EXPECT_EQ(a->find_first_not_of("0123456789abcdef"), std::string::npos) << *a;
+  EXPECT_NE(*a, *b);  // 2^-256
+  auto c = RandomHex(5);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->size(), 10u);
+  auto none = RandomHex(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
 }
 
 }  // namespace

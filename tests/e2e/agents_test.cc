@@ -5,6 +5,8 @@
 //   * the job trains on the agents' episodes: env tokens are masked, checked
 //     token by token against the transcript the agent server wrote, every turn
 //     verified against the endpoint's ledger, accounting holds;
+//   * one bearer token per job (the launcher's, RUN/secrets/endpoint.json) opens
+//     every rollout actor's endpoint; no token or another job's gets 401;
 //   * the agent server SIGKILLed mid-run: episodes get reward 0 with a reason
 //     (counted per server), and the job completes.
 #include <gtest/gtest.h>
@@ -15,9 +17,11 @@
 #include <map>
 #include <regex>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "e2e_util.h"
+#include "troupe/core/random.h"
 #include "troupe/launcher/subprocess.h"
 
 namespace troupe::launcher {
@@ -75,6 +79,19 @@ std::vector<json> SampledRollouts(const Job& job) {
   return out;
 }
 
+// GET /v1/models on an endpoint ("http://host:port/v1") with `token` ("" = no
+// Authorization header); the HTTP status, -1 when no answer came.
+int ModelsStatus(const std::string& base_url, const std::string& token) {
+  const std::string origin = base_url.substr(0, base_url.rfind("/v1"));
+  httplib::Client c(origin);
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(10, 0);
+  httplib::Headers h;
+  if (!token.empty()) h.emplace("Authorization", "Bearer " + token);
+  auto r = c.Get("/v1/models", h);
+  return r ? r->status : -1;
+}
+
 double Sum(const std::vector<json>& finals, const std::string& key) {
   double s = 0;
   for (const auto& f : finals) s += f.value(key, 0.0);
@@ -89,6 +106,35 @@ TEST(AgentServerJob, TrainsOnAgentEpisodesWithEnvTokensMaskedTokenByToken) {
           Short(10, {agent.Override(), "warm_start.steps=100", "eval.every_steps=5",
                      "eval.prompts=16", "rollout_samples.per_update=8"}),
           dir);
+  // The job's endpoint token (issued by the launcher, handed to every actor on stdin) opens
+  // both rollout actors' endpoints; no token, or a token issued the same way for another job,
+  // gets 401.
+  std::map<std::string, std::string> endpoints;
+  ASSERT_TRUE(job.WaitStatus(
+      [&](const ControlResult& st) {
+        endpoints.clear();
+        for (const auto& a : st.actors)
+          if (a.role == "rollout" && a.state == "ready" && a.endpoints.count("openai"))
+            endpoints[a.id] = a.endpoints.at("openai");
+        return endpoints.size() == 2;
+      },
+      300000))
+      << job.Output();
+  {
+    auto run = job.run();
+    ASSERT_TRUE(run.ok());
+    auto secret = ReadFile(run->secrets() + "/endpoint.json");
+    ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+    const std::string token = json::parse(*secret).value("token", "");
+    ASSERT_EQ(token.size(), 64u) << *secret;
+    auto other = RandomHex(32);
+    ASSERT_TRUE(other.ok());
+    for (const auto& [id, url] : endpoints) {
+      EXPECT_EQ(ModelsStatus(url, token), 200) << id << " " << url;
+      EXPECT_EQ(ModelsStatus(url, ""), 401) << id << " " << url;
+      EXPECT_EQ(ModelsStatus(url, *other), 401) << id << " " << url;
+    }
+  }
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
   ExpectAccountingHolds(job);

@@ -356,6 +356,26 @@ TEST(AgentsConfig, ValidatesAndRoutesByAgentRef) {
   EXPECT_NE(c.Validate().message().find("max_concurrency"), std::string::npos);
 }
 
+// The endpoint gets a thread per /run worker (each session makes one model call at a time)
+// unless endpoint_threads says otherwise: fewer would queue sessions' calls behind each other.
+TEST(AgentsConfig, EndpointThreadsFollowTheRunWorkersUnlessSet) {
+  AgentsConfig c;
+  c.servers = {{"a", "http://127.0.0.1:1"}, {"b", "http://127.0.0.1:2"}};
+  c.max_concurrency = 40;
+  ASSERT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.RunWorkers(), 80);
+  EXPECT_EQ(c.EndpointThreads(), 88);
+  c.max_concurrency = 100;
+  EXPECT_EQ(c.RunWorkers(), 128);  // the rollout actor's cap
+  EXPECT_EQ(c.EndpointThreads(), 136);
+  c.endpoint_threads = 12;
+  EXPECT_EQ(c.EndpointThreads(), 12);
+  c.endpoint_threads = -1;
+  EXPECT_NE(c.Validate().message().find("endpoint_threads"), std::string::npos);
+  c.endpoint_threads = 1025;
+  EXPECT_NE(c.Validate().message().find("endpoint_threads"), std::string::npos);
+}
+
 TEST(AgentRunBody, CarriesTheTaskRowEndpointAndToken) {
   json b = json::parse(MakeRunBody({{Role::kUser, "reverse"}}, "t/train/1", "file_reverse", "cba",
                                    R"({"word": "abc"})", "http://h:1/g/x/v1", "tok", "job", "x/0",

@@ -80,11 +80,18 @@ def call_model(base_url, api_key, body, timeout):
             return e.code, {"error": {"message": "HTTP %d" % e.code}}
 
 
+# The built-in file_reverse environment's tools and its answer to a reply without a call
+# (envs/src/episode.cc), word for word: the agent path and the EpisodeDriver then play the
+# same episodes (the same environment tokens), which the benchmark's comparison needs.
+TOOLS = "read, write, edit, list, submit"
+NO_CALL = "error: no tool call found; write <tool>name {json arguments}</tool> (tools: %s)" % TOOLS
+
+
 def run_tool(text, word):
     """(output text or None, submitted answer or None) for one reply."""
     m = TOOL_RE.search(text)
     if not m:
-        return "error: unparsable tool call: no <tool>NAME {...}</tool> call", None
+        return NO_CALL, None
     name, raw = m.group(1), m.group(2) or "{}"
     try:
         args = json.loads(raw)
@@ -104,7 +111,7 @@ def run_tool(text, word):
     if name == "submit":
         ans = args.get("answer", "")
         return None, ans if isinstance(ans, str) else ""
-    return "error: unknown tool '%s' (tools: read, write, edit, list, submit)" % name, None
+    return "error: unknown tool '%s' (tools: %s)" % (name, TOOLS), None
 
 
 def play_single(run):

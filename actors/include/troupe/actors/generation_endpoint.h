@@ -88,7 +88,4 @@ class GenerationEndpoint {
   std::unique_ptr<Impl> impl_;
 };
 
-// A random 32-byte hex token (from /dev/urandom) for the endpoint's bearer auth.
-Result<std::string> RandomToken();
-
 }  // namespace troupe::actors

@@ -73,12 +73,19 @@ struct AgentsConfig {
   int64_t max_response_bytes = 16 << 20;
   // Samples per chat/completions request the endpoint accepts (OpenAI's `n`). Default 16.
   int64_t endpoint_max_n = 16;
-  // Worker threads serving the endpoint's HTTP requests. Default 32.
-  int64_t endpoint_threads = 32;
+  // Worker threads serving the endpoint's HTTP requests; a model call holds one while it
+  // waits for the engine, so fewer threads than sessions queue calls behind each other
+  // (smaller decode batches). Default 0 = one per /run worker plus 8 (EndpointThreads()).
+  int64_t endpoint_threads = 0;
   // A model call waits at most this long for the engine, ms (then 503). Default 120000.
   int64_t endpoint_timeout_ms = 120000;
 
   bool enabled() const { return !servers.empty(); }
+  // /run calls a rollout actor runs at once: max_concurrency per server, at most 128.
+  int64_t RunWorkers() const;
+  // endpoint_threads, or when 0: RunWorkers() + 8 (each session makes one model call at a
+  // time; the rest serve manual and /v1/models requests).
+  int64_t EndpointThreads() const;
   // The server a prompt's agent_ref resolves to (see default_server).
   const std::string& Route(const std::string& agent_ref) const;
   Status Validate() const;
