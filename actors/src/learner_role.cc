@@ -69,7 +69,8 @@ class LearnerRole {
   Status Setup();
   Status WarmStart();
   void ReclaimDepartedCredits();
-  // Held-out evaluation of the current weights, waiting for it (start of RL, end of job).
+  // Held-out evaluation of the current weights, waiting for it (start of RL, end of job):
+  // StartEval, then its result.
   Result<EvalResult> Evaluate();
   // Periodic evaluation off the training thread: StartEval copies the current weights into
   // the eval engine, then generation and scoring run on their own thread (the other core)
@@ -266,15 +267,8 @@ Status LearnerRole::Setup() {
 // ---------------------------------------------------------------- evaluation
 
 Result<EvalResult> LearnerRole::Evaluate() {
-  CollectEval(/*wait=*/true);
-  auto t0 = std::chrono::steady_clock::now();
-  TROUPE_RETURN_IF_ERROR(eval_engine_->UpdateWeights(learner_->version(), learner_->StateWeights(),
-                                                     Deadline::InMs(30000)));
-  EvalResult r;
-  r.update = RlUpdates();
-  r.version = learner_->version();
-  TROUPE_ASSIGN_OR_RETURN(r, RunEval(std::move(r)));
-  r.seconds = SecondsSince(t0);
+  TROUPE_RETURN_IF_ERROR(StartEval());
+  Result<EvalResult> r = pending_eval_.get();
   return r;
 }
 

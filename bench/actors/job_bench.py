@@ -189,7 +189,7 @@ def main():
     ap.add_argument("--reference-seconds", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3, help="default-job rounds (alternating order)")
     ap.add_argument("--peer-threads", type=int, default=2)
-    ap.add_argument("--peer-args", default="--lr 3e-4 --warmup 20 --neg-scale 0.1 --skip-uniform 1",
+    ap.add_argument("--peer-args", default="--lr 2e-4 --warmup 20 --neg-scale 0.1 --skip-uniform 1",
                     help="the peer's recipe (bench/reference/sweep_grpo_reverse.py's best)")
     ap.add_argument("--async-target", type=float, default=0.8)
     ap.add_argument("--async-seconds", type=int, default=240)
