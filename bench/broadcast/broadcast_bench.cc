@@ -472,6 +472,7 @@ int RunLearner(const Options& o, const std::string& self) {
       std::printf("  %-15s %4d MB: %.2f\n", b.c_str(), mb, ratio);
     }
   // LoRA: adapter-only update time over the full fine-tune's, per backend, model and K.
+  if (!o.lora_models.empty()) std::printf("LoRA update vs full update:\n");
   for (const Row& r : rows) {
     const std::string suffix = "_lora";
     if (r.weights.size() <= suffix.size() ||
