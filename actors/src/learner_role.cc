@@ -251,6 +251,7 @@ Status LearnerRole::Setup() {
   bc.store_host = ctx_.bind_host;
   bc.gloo_hostname = ctx_.bind_host;
   bc.actor_id = rt_.options().actor_id;
+  bc.adapters = AdapterLayoutOf(job_.model);  // receivers that cannot apply them are refused
   TROUPE_ASSIGN_OR_RETURN(sender_, broadcast::WeightSender::Create(bc, net_));
   broadcaster_ = std::make_unique<AsyncBroadcaster>(sender_.get());
 

@@ -71,4 +71,17 @@ void AddDeliveryStats(const transport::ReliableReceiverStats* received,
   }
 }
 
+broadcast::AdapterLayout AdapterLayoutOf(const engine::ModelConfig& model) {
+  broadcast::AdapterLayout out;
+  out.declared = true;
+  if (!model.lora.enabled()) return out;
+  out.rank = model.lora.rank;
+  out.alpha = model.lora.effective_alpha();
+  for (int m = 0; m < engine::kNumLoraModules; ++m)
+    if (model.lora.Targets(m)) out.targets.push_back(engine::LoraModuleName(m));
+  for (auto& [name, shape] : model.AdapterShapes())
+    out.tensors.push_back(broadcast::AdapterTensor{name, std::move(shape)});
+  return out;
+}
+
 }  // namespace troupe::actors

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/broadcast/adapter_layout.h"
+#include "troupe/engine/model_config.h"
 #include "troupe/engine/tokenizer.h"
 #include "troupe/envs/renderer.h"
 #include "troupe/envs/task.h"
@@ -60,6 +62,10 @@ class RateMeter {
   double pending_ = 0, rate_ = 0;
   bool first_ = true;
 };
+
+// The LoRA adapters a model built from `model` has (rank 0: none), declared by the learner's
+// weight sender and each rollout actor's receiver: a mismatch is refused at registration.
+broadcast::AdapterLayout AdapterLayoutOf(const engine::ModelConfig& model);
 
 // Delivery figures for heartbeats (`troupe status --stats`): the receiver's
 // dedupes and deliveries ("receiver.*") and the sender's outbox ("sender.*").

@@ -346,6 +346,7 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     rc.learner_endpoint = weights;
     rc.data_endpoint = ctx_.AnyPort();
     rc.gloo_hostname = ctx_.bind_host;
+    rc.adapters = AdapterLayoutOf(job_.model);  // the learner refuses us if it trains others
     auto* engine = engine_.get();
     auto* poller = poller_.get();
     // The learner is the authority on versions: a learner restarted from an
@@ -981,6 +982,13 @@ Status RolloutRole::Run() {
   bool announced = false;
   while (!rt_.should_exit()) {
     SyncDirectory();
+    // The learner refused our weight receiver (its adapters do not fit this engine): never
+    // generate with the base or the wrong adapters; exit with the mismatch instead.
+    if (receiver_ && !receiver_->refusal().ok()) {
+      Status why = receiver_->refusal();
+      Log().error("cannot take the learner's weights: {}", why.message());
+      return why;
+    }
     if (!announced && receiver_ && receiver_->stats().delivered > 0) {
       announced = true;
       weights_ready_ = true;

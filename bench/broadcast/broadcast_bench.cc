@@ -21,8 +21,15 @@
 //                        [--backends gloo_chain,...] [--netns --learner-host A
 //                         --receiver-hosts B,C,.. --receiver-netns n1,n2,.. --link-iface IF]
 //                        [--chunk-kb 1024] [--bucket-mb 32] [--warmups 2] [--hwm 16] [--curve]
+//                        [--lora default,large]
 //   --curve  every process's network uses CURVE (as a multi-node job does): the zmq paths
 //            and every control message are encrypted and authenticated
+//   --lora   instead of --sizes: real model layouts (lora_bench's models: default = the
+//            default job's 2 layers d_model 128, large = 8 layers d_model 512; LoRA rank 16 on
+//            every projection). Per model two rows: "<model>_full" broadcasts base +
+//            adapters every update (a full fine-tune's traffic), "<model>_lora" sets the
+//            frozen base once (WeightSender::SetBase; its first broadcast is a warm-up) and
+//            times adapter-only updates; link copies are then bytes per adapter payload.
 // Receivers are this binary re-executed with --receiver. Ends with one JSON line.
 #include <algorithm>
 #include <chrono>
@@ -44,6 +51,7 @@
 #include "troupe/broadcast/receiver.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
+#include "troupe/engine/model.h"
 #include "troupe/transport/allocator.h"
 #include "troupe/transport/curve.h"
 #include "troupe/transport/zmq_network.h"
@@ -114,6 +122,7 @@ struct Options {
   int warmups = 2;  // untimed rounds first: every buffer (both shm slots) touched once
   int hwm = BroadcastConfig().zmq_hwm_chunks;
   bool curve = false;  // CURVE on every socket of every process (the multi-node setting)
+  std::vector<std::string> lora_models;  // --lora: model layouts instead of --sizes
 };
 
 // ----------------------------------------------------------------- receiver process
@@ -180,11 +189,63 @@ NamedTensors MakeWeights(int mb) {
   return w;
 }
 
+// What one row broadcasts: `update` every time, after `base` went once (SetBase) if any.
+struct WeightSet {
+  std::string name;  // "100" (MB) or "large_lora"
+  int mb = 0;        // --sizes rows
+  NamedTensors base, update;
+  size_t bytes = 0;  // of `update`
+};
+
+size_t Bytes(const NamedTensors& n) {
+  size_t b = 0;
+  for (const auto& [name, t] : n) b += t.nbytes();
+  return b;
+}
+
+// lora_bench's models (bench/trainer/lora_bench.cc), LoRA rank 16 on every projection.
+engine::ModelConfig LoraModel(const std::string& name) {
+  engine::ModelConfig m;
+  m.vocab_size = 28;
+  m.max_seq_len = 32;
+  if (name == "default") {
+    m.d_model = 128, m.n_layers = 2, m.n_heads = 4, m.n_kv_heads = 4, m.ffn_dim = 352;
+  } else if (name == "large") {
+    m.d_model = 512, m.n_layers = 8, m.n_heads = 8, m.n_kv_heads = 8, m.ffn_dim = 1408;
+  } else {
+    std::fprintf(stderr, "unknown --lora model %s (default, large)\n", name.c_str());
+    std::exit(2);
+  }
+  m.lora.rank = 16;
+  m.lora.alpha = 32;
+  m.lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj"};
+  return m;
+}
+
+// --sizes: one set per size. --lora: every model's full set, then its LoRA set (full sets
+// first: a sender keeps the base it was given).
+std::vector<WeightSet> MakeSets(const Options& o) {
+  std::vector<WeightSet> out;
+  if (o.lora_models.empty()) {
+    for (int mb : o.sizes_mb) out.push_back({std::to_string(mb), mb, {}, MakeWeights(mb)});
+  } else {
+    std::vector<WeightSet> lora;
+    for (const std::string& name : o.lora_models) {
+      engine::LlamaModel model(LoraModel(name), 1);
+      out.push_back({name + "_full", 0, {}, model.StateWeights()});
+      lora.push_back({name + "_lora", 0, model.NamedWeights(), model.AdapterWeights()});
+    }
+    out.insert(out.end(), lora.begin(), lora.end());
+  }
+  for (auto& w : out) w.bytes = Bytes(w.update);
+  return out;
+}
+
 // One memcpy of the payload between two buffers the process already touched: the limit.
 // Measured (best of 3) right before every row, so it sees the same machine load.
 struct MemcpyLimit {
-  explicit MemcpyLimit(int mb)
-      : bytes(static_cast<size_t>(mb) * 1000 * 1000), src(bytes, 1), dst(bytes, 2) {}
+  explicit MemcpyLimit(size_t n) : bytes(n), src(bytes, 1), dst(bytes, 2) {}
   double Seconds3() {
     double best = 1e9;
     for (int i = 0; i < 3; ++i) {
@@ -228,6 +289,8 @@ Spec ParseSpec(const std::string& name) {
 
 struct Row {
   std::string backend;
+  std::string weights;  // WeightSet::name
+  size_t bytes = 0;     // payload per update
   int mb = 0;
   int k = 0;
   double median = 0;
@@ -246,13 +309,13 @@ int RunLearner(const Options& o, const std::string& self) {
   log::Options lo;
   lo.level = spdlog::level::warn;
   log::Init("bench", lo);
-  std::map<int, NamedTensors> weights;
-  std::map<int, std::unique_ptr<MemcpyLimit>> limits;
-  for (int mb : o.sizes_mb) {
-    weights[mb] = MakeWeights(mb);
-    limits[mb] = std::make_unique<MemcpyLimit>(mb);
-    double s = limits[mb]->Seconds3();
-    std::printf("memcpy %4d MB: %.4f s (%.2f GB/s)\n", mb, s, mb / 1e3 / s);
+  std::vector<WeightSet> sets = MakeSets(o);
+  std::map<std::string, std::unique_ptr<MemcpyLimit>> limits;
+  for (const WeightSet& w : sets) {
+    limits[w.name] = std::make_unique<MemcpyLimit>(w.bytes);
+    double s = limits[w.name]->Seconds3();
+    std::printf("memcpy %-12s %9zu B: %.5f s (%.2f GB/s)\n", w.name.c_str(), w.bytes, s,
+                w.bytes / 1e9 / s);
   }
   transport::CurveOptions curve;
   if (o.curve) {
@@ -325,25 +388,33 @@ int RunLearner(const Options& o, const std::string& self) {
         return 1;
       }
       uint64_t version = 0;
-      for (int mb : o.sizes_mb) {
+      for (const WeightSet& w : sets) {
+        const int mb = w.mb;
         std::vector<double> times, copies, packs;
-        const double memcpy_s = limits[mb]->Seconds3();
+        const double memcpy_s = limits[w.name]->Seconds3();
+        if (!w.base.empty() && !(st = (*sender)->SetBase(w.base)).ok()) {
+          std::fprintf(stderr, "SetBase: %s\n", st.ToString().c_str());
+          return 1;
+        }
         for (int r = -o.warmups; r < o.repeats; ++r) {  // r < 0: warm-up
           uint64_t tx0 = LinkTxBytes(o.link_iface);
           auto t0 = Clock::now();
-          st = (*sender)->Broadcast(++version, weights[mb], Deadline::InMs(600000));
+          st = (*sender)->Broadcast(++version, w.update, Deadline::InMs(600000));
           double secs = Seconds(t0, Clock::now());
           uint64_t tx1 = LinkTxBytes(o.link_iface);
           if (!st.ok()) {
-            std::fprintf(stderr, "%s K=%d %d MB: %s\n", name.c_str(), k, mb, st.ToString().c_str());
+            std::fprintf(stderr, "%s K=%d %s: %s\n", name.c_str(), k, w.name.c_str(),
+                         st.ToString().c_str());
             return 1;
           }
           if (r < 0) continue;
           times.push_back(secs);
           packs.push_back((*sender)->last_report().pack_seconds);
-          copies.push_back(static_cast<double>(tx1 - tx0) / (mb * 1e6));
+          copies.push_back(static_cast<double>(tx1 - tx0) / static_cast<double>(w.bytes));
         }
         Row row{name,
+                w.name,
+                w.bytes,
                 mb,
                 k,
                 Median(times),
@@ -353,9 +424,10 @@ int RunLearner(const Options& o, const std::string& self) {
                 memcpy_s};
         rows.push_back(row);
         std::printf(
-            "%-15s %4d MB  K=%d  median %.4f s (pack %.4f)  best %.4f s  %.2f GB/s  %5.2fx "
+            "%-15s %-12s K=%d  median %.4f s (pack %.4f)  best %.4f s  %.2f GB/s  %5.2fx "
             "memcpy%s\n",
-            name.c_str(), mb, k, row.median, row.pack, row.best, mb / 1e3 / row.median,
+            name.c_str(), w.name.c_str(), k, row.median, row.pack, row.best,
+            w.bytes / 1e9 / row.median,
             row.median / row.memcpy,
             o.link_iface.empty() ? "" : fmt::format("  link copies {:.2f}", row.copies).c_str());
         std::fflush(stdout);
@@ -376,6 +448,8 @@ int RunLearner(const Options& o, const std::string& self) {
   nlohmann::json results = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json x{{"backend", r.backend},
+                     {"weights", r.weights},
+                     {"bytes", r.bytes},
                      {"mb", r.mb},
                      {"k", r.k},
                      {"median_s", r.median},
@@ -397,6 +471,24 @@ int RunLearner(const Options& o, const std::string& self) {
       j["ratios"][fmt::format("{}_{}MB_K4_over_K1", b, mb)] = ratio;
       std::printf("  %-15s %4d MB: %.2f\n", b.c_str(), mb, ratio);
     }
+  // LoRA: adapter-only update time over the full fine-tune's, per backend, model and K.
+  if (!o.lora_models.empty()) std::printf("LoRA update vs full update:\n");
+  for (const Row& r : rows) {
+    const std::string suffix = "_lora";
+    if (r.weights.size() <= suffix.size() ||
+        r.weights.compare(r.weights.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string model = r.weights.substr(0, r.weights.size() - suffix.size());
+    const Row* full = nullptr;
+    for (const Row& f : rows)
+      if (f.backend == r.backend && f.k == r.k && f.weights == model + "_full") full = &f;
+    if (!full) continue;
+    j["ratios"][fmt::format("{}_{}_K{}_lora_over_full", r.backend, model, r.k)] =
+        r.median / full->median;
+    std::printf("  %-15s %-8s K=%d: LoRA %.4f s / full %.4f s = %.3f (payload %zu / %zu B)\n",
+                r.backend.c_str(), model.c_str(), r.k, r.median, full->median,
+                r.median / full->median, r.bytes, full->bytes);
+  }
   if (!o.netns) {
     std::printf("shm vs one memcpy (target <= 2 whatever K):\n");
     for (const char* b : {"shm_view", "shm_copy"})
@@ -464,6 +556,8 @@ int main(int argc, char** argv) {
       o.hwm = std::stoi(next());
     else if (a == "--curve")
       o.curve = true;
+    else if (a == "--lora")
+      o.lora_models = Split(next());
     else {
       std::fprintf(stderr, "unknown argument %s (see the file comment)\n", a.c_str());
       return 2;

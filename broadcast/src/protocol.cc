@@ -78,10 +78,37 @@ Result<StoreOp> FromWire(wire::StoreOp op) {
   return ProtocolError("unknown store operation {}", static_cast<int>(op));
 }
 
+constexpr size_t kMaxAdapterTensors = size_t{1} << 16;
+constexpr size_t kMaxDims = 8;
+
+Status DecodeAdapters(wire::AdapterLayout::Reader a, AdapterLayout* out) {
+  out->declared = a.getDeclared();
+  out->rank = a.getRank();
+  out->alpha = a.getAlpha();
+  if (a.getTargets().size() > 64)
+    return ProtocolError("Register.adapters lists {} target modules", a.getTargets().size());
+  for (auto t : a.getTargets()) out->targets.push_back(Text(t, "adapters.targets"));
+  if (a.getTensors().size() > kMaxAdapterTensors)
+    return ProtocolError("Register.adapters lists {} tensors (at most {})", a.getTensors().size(),
+                         kMaxAdapterTensors);
+  out->tensors.reserve(a.getTensors().size());
+  for (auto t : a.getTensors()) {
+    AdapterTensor x;
+    x.name = Text(t.getName(), "adapters.tensors.name");
+    if (t.getShape().size() > kMaxDims)
+      return ProtocolError("Register.adapters tensor '{}' has {} dimensions", x.name,
+                           t.getShape().size());
+    for (int64_t d : t.getShape()) x.shape.push_back(d);
+    out->tensors.push_back(std::move(x));
+  }
+  return Status::Ok();
+}
+
 Status DecodeRegister(wire::Register::Reader r, const std::string& sender, RegisterMsg* out) {
   out->node = Text(r.getNode(), "node");
   out->pid = r.getPid();
   out->version = r.getPolicyVersion();
+  if (r.hasAdapters()) TROUPE_RETURN_IF_ERROR(DecodeAdapters(r.getAdapters(), &out->adapters));
   for (auto ep : r.getEndpoints())
     if (ep.getName() == "weights-data") out->data_endpoint = Text(ep.getAddress(), "endpoint");
   if (r.getActorId().size() == 0 || r.getActorId() != sender)
@@ -247,6 +274,22 @@ transport::OutMessage EncodeRegister(const Header& h, const RegisterMsg& m) {
   eps[0].setName("weights-data");
   eps[0].setAddress(m.data_endpoint);
   r.setPolicyVersion(m.version);
+  if (m.adapters.declared) {
+    auto a = r.initAdapters();
+    a.setDeclared(true);
+    a.setRank(static_cast<uint32_t>(m.adapters.rank));
+    a.setAlpha(m.adapters.alpha);
+    auto targets = a.initTargets(static_cast<unsigned>(m.adapters.targets.size()));
+    for (size_t i = 0; i < m.adapters.targets.size(); ++i)
+      targets.set(static_cast<unsigned>(i), m.adapters.targets[i]);
+    auto tensors = a.initTensors(static_cast<unsigned>(m.adapters.tensors.size()));
+    for (size_t i = 0; i < m.adapters.tensors.size(); ++i) {
+      const AdapterTensor& t = m.adapters.tensors[i];
+      tensors[static_cast<unsigned>(i)].setName(t.name);
+      auto shape = tensors[static_cast<unsigned>(i)].initShape(static_cast<unsigned>(t.shape.size()));
+      for (size_t d = 0; d < t.shape.size(); ++d) shape.set(static_cast<unsigned>(d), t.shape[d]);
+    }
+  }
   return out;
 }
 

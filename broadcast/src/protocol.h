@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/broadcast/adapter_layout.h"
 #include "troupe/broadcast/layout.h"
 #include "troupe/core/status.h"
 #include "troupe/transport/message.h"
@@ -52,6 +53,7 @@ struct RegisterMsg {
   int32_t pid = 0;
   std::string data_endpoint;  // where its data socket listens
   uint64_t version = 0;       // version it holds (from any learner), 0 = none
+  AdapterLayout adapters;     // what its engine applies (checked at registration)
 };
 
 // kUnknown (wire: lost) is the learner telling a sender it does not know: register again.
@@ -81,6 +83,8 @@ struct ManifestMsg {
   uint64_t shm_generation = 0;
 };
 
+// Receiver -> learner: a transfer's outcome. Learner -> receiver, with version = transfer = 0
+// and !ok: its Register was refused (reason names the mismatch); it does not join.
 struct AckMsg {
   uint64_t version = 0;
   uint64_t transfer = 0;

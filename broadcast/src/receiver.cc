@@ -62,6 +62,10 @@ class WeightReceiver::Impl {
     MutexLock l(mu_);
     return stats_;
   }
+  Status refusal() const {
+    MutexLock l(mu_);
+    return refusal_;
+  }
   Result<ReceivedWeights> Receive(Deadline deadline);
   Status WaitForVersion(uint64_t version, Deadline deadline);
   Status Leave(Deadline deadline);
@@ -124,6 +128,7 @@ class WeightReceiver::Impl {
   uint64_t version_ TROUPE_GUARDED_BY(mu_) = 0;
   bool in_group_ TROUPE_GUARDED_BY(mu_) = false;
   ReceiverStats stats_ TROUPE_GUARDED_BY(mu_);
+  Status refusal_ TROUPE_GUARDED_BY(mu_);  // why the learner refused us (ok: not refused)
   std::optional<ReceivedWeights> mailbox_ TROUPE_GUARDED_BY(mu_);
   uint64_t mailbox_seq_ TROUPE_GUARDED_BY(mu_) = 0;
   uint64_t returned_seq_ TROUPE_GUARDED_BY(mu_) = 0;
@@ -141,6 +146,9 @@ class WeightReceiver::Impl {
   std::string learner_id_;  // actor id of the learner we follow (sender of its messages)
   uint64_t learner_inc_ = 0;
   bool welcomed_ = false;
+  // The learner refused our Register (its adapters do not fit our engine): no registering or
+  // heartbeats until it goes silent (then we ask again: it may have been restarted).
+  bool refused_ = false;
   bool leave_sent_ = false;
   Clock::time_point last_heard_, last_register_, last_heartbeat_;
   uint64_t held_version_ = 0;   // version_ as seen by this thread
@@ -205,8 +213,8 @@ void WeightReceiver::Impl::Run() {
       leave_sent_ = true;
       SendHeartbeat();
     }
-    if (!welcomed_ && now - last_register_ >= heartbeat) SendRegister();
-    if (now - last_heartbeat_ >= heartbeat) SendHeartbeat();
+    if (!welcomed_ && !refused_ && now - last_register_ >= heartbeat) SendRegister();
+    if (!refused_ && now - last_heartbeat_ >= heartbeat) SendHeartbeat();
     auto msg = NextControl(static_cast<int>(std::min<int64_t>(config_.heartbeat_ms, 100)));
     if (msg) {
       Handle(*msg);
@@ -218,6 +226,7 @@ void WeightReceiver::Impl::Run() {
       ResetGroup();
       learner_inc_ = 0;
       welcomed_ = false;
+      refused_ = false;
       epoch_ = 0;
     }
   }
@@ -246,7 +255,7 @@ std::optional<proto::Message> WeightReceiver::Impl::ReadControl() {
       continue;
     }
     if (msg->kind != Kind::kHeartbeat && msg->kind != Kind::kGroup &&
-        msg->kind != Kind::kManifest) {
+        msg->kind != Kind::kManifest && msg->kind != Kind::kAck) {
       Refuse(msg->sender, fmt::format("a {} from the learner's socket", KindName(msg->kind)));
       continue;
     }
@@ -317,6 +326,7 @@ void WeightReceiver::Impl::SendRegister() {
   r.pid = static_cast<int32_t>(::getpid());
   r.data_endpoint = data_endpoint_;
   r.version = held_version_;
+  r.adapters = config_.adapters;
   SendControl(proto::EncodeRegister(header(), r));
 }
 
@@ -340,13 +350,32 @@ void WeightReceiver::Impl::Handle(const proto::Message& msg) {
     learner_inc_ = msg.incarnation;
     learner_id_ = msg.sender;
     welcomed_ = false;
+    refused_ = false;
   }
   last_heard_ = Clock::now();
   switch (msg.kind) {
+    case Kind::kAck:
+      if (msg.ack.ok || msg.ack.version != 0 || msg.ack.transfer != 0) break;  // not a refusal
+      if (refused_) break;  // the answer to a Register that was already on its way
+      // The learner refused our Register: its adapters do not fit our engine.
+      Log().error("weights receiver {}: learner {} refused it: {}", id_, msg.sender,
+                  msg.ack.reason);
+      ResetGroup();
+      welcomed_ = false;
+      refused_ = true;
+      Update([&]() TROUPE_REQUIRES(mu_) {
+        ++stats_.refusals;
+        refusal_ = InvalidArgument("refused by learner {}: {}", msg.sender, msg.ack.reason);
+      });
+      break;
     case Kind::kHeartbeat:
       if (msg.heartbeat.state == PeerState::kAlive) {
         welcomed_ = true;
-      } else if (msg.heartbeat.state == PeerState::kUnknown) {
+        if (refused_) {
+          refused_ = false;
+          Update([&]() TROUPE_REQUIRES(mu_) { refusal_ = Status::Ok(); });
+        }
+      } else if (msg.heartbeat.state == PeerState::kUnknown && !refused_) {
         if (welcomed_) Log().info("the learner does not know us (any more): registering");
         ResetGroup();
         welcomed_ = false;
@@ -568,6 +597,7 @@ Result<ReceivedWeights> WeightReceiver::Impl::Receive(Deadline deadline) {
   if (sink_) return InvalidArgument("Receive() is not available when a sink was given");
   MutexLock l(mu_);
   while (mailbox_seq_ == returned_seq_) {
+    if (!refusal_.ok()) return refusal_;
     if (deadline.expired())
       return Timeout("no new weights before the deadline (holding version {})", version_);
     auto until = std::min(deadline.at(), Clock::now() + std::chrono::milliseconds(200));
@@ -582,9 +612,12 @@ Result<ReceivedWeights> WeightReceiver::Impl::Receive(Deadline deadline) {
 Status WeightReceiver::Impl::WaitForVersion(uint64_t version, Deadline deadline) {
   MutexLock l(mu_);
   while (version_ < version) {
+    if (!refusal_.ok()) return refusal_;
     if (deadline.expired()) return Timeout("holding version {}, waiting for {}", version_, version);
     auto until = std::min(deadline.at(), Clock::now() + std::chrono::milliseconds(200));
-    cv_.wait_until(l, until, [&]() TROUPE_REQUIRES(mu_) { return version_ >= version; });
+    cv_.wait_until(l, until, [&]() TROUPE_REQUIRES(mu_) {
+      return version_ >= version || !refusal_.ok();
+    });
   }
   return Status::Ok();
 }
@@ -640,6 +673,10 @@ Result<ReceivedWeights> WeightReceiver::Receive(Deadline deadline) {
 }
 Status WeightReceiver::WaitForVersion(uint64_t version, Deadline deadline) {
   return impl_->WaitForVersion(version, deadline);
+}
+
+Status WeightReceiver::refusal() const {
+  return impl_->refusal();
 }
 Status WeightReceiver::Leave(Deadline deadline) {
   return impl_->Leave(deadline);

@@ -396,6 +396,20 @@ void WeightSender::Impl::HandleRegister(const transport::Incoming& in, const pro
                         "receiver '{}' registered without a data endpoint: ignored", id);
     return;
   }
+  // A receiver whose engine could not apply what this learner sends never joins (it would
+  // fail the first transfer, or generate with the wrong adapters): refused here, by name.
+  Status fits = CheckAdapterLayouts(config_.adapters, msg.reg.adapters, id);
+  if (!fits.ok()) {
+    ++stats_.receivers_refused;
+    stats_.last_refusal = fits.message();
+    Log().error("weights sender {} refused receiver {} at registration: {}", id_, id,
+                fits.message());
+    proto::AckMsg no;
+    no.ok = false;
+    no.reason = fits.message();
+    control_->SendTo(in.peer, proto::EncodeAck(header(), no), Deadline::InMs(100)).IgnoreError();
+    return;
+  }
   Member m;
   m.id = id;
   m.route = in.peer;

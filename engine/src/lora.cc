@@ -29,6 +29,11 @@ const char* LoraModuleParent(int module) {
   return module <= 3 ? "self_attn" : "mlp";
 }
 
+std::string LoraAdapterName(size_t layer, int module, const char* ab) {
+  return fmt::format("base_model.model.model.layers.{}.{}.{}.{}.weight", layer,
+                     LoraModuleParent(module), LoraModuleName(module), ab);
+}
+
 bool LoraConfig::Targets(int module) const {
   for (const auto& m : target_modules)
     if (LoraModuleIndex(m) == module) return true;

@@ -112,19 +112,16 @@ void LlamaModel::Allocate(const ModelConfig& config) {
     lm_head_ = register_parameter("lm_head", at::empty({config.vocab_size, d}, opts));
   if (config.lora.enabled()) {
     SetBaseTrainable(false);
-    const int64_t r = config.lora.rank, f = config.ffn_dim;
-    // (in, out) of q k v o gate up down.
-    const int64_t dims[kNumLoraModules][2] = {{d, q_size_}, {d, kv_size_}, {d, kv_size_},
-                                              {q_size_, d}, {d, f},        {d, f},
-                                              {f, d}};
+    const int64_t r = config.lora.rank;
     for (size_t i = 0; i < layers_.size(); ++i) {
       for (int m = 0; m < kNumLoraModules; ++m) {
         if (!config.lora.Targets(m)) continue;
         auto name = [&](const char* ab) {
           return fmt::format("layer{}_lora_{}_{}", i, LoraModuleName(m), ab);
         };
-        layers_[i].lora_a[m] = register_parameter(name("A"), at::empty({r, dims[m][0]}, opts));
-        layers_[i].lora_b[m] = register_parameter(name("B"), at::empty({dims[m][1], r}, opts));
+        const auto [in, out] = config.LoraDims(m);
+        layers_[i].lora_a[m] = register_parameter(name("A"), at::empty({r, in}, opts));
+        layers_[i].lora_b[m] = register_parameter(name("B"), at::empty({out, r}, opts));
       }
     }
   }
@@ -248,15 +245,6 @@ NamedTensors LlamaModel::NamedWeights() const {
 
 // ------------------------------------------------------------------ LoRA
 
-namespace {
-
-std::string AdapterName(size_t layer, int module, const char* ab) {
-  return fmt::format("base_model.model.model.layers.{}.{}.{}.{}.weight", layer,
-                     LoraModuleParent(module), LoraModuleName(module), ab);
-}
-
-}  // namespace
-
 torch::Tensor LlamaModel::ModuleWeight(const Layer& l, int module) const {
   const int64_t f = config_.ffn_dim;
   switch (module) {
@@ -302,8 +290,8 @@ NamedTensors LlamaModel::AdapterWeights() const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (int m = 0; m < kNumLoraModules; ++m) {
       if (!layers_[i].lora_a[m].defined()) continue;
-      out.emplace_back(AdapterName(i, m, "lora_A"), layers_[i].lora_a[m]);
-      out.emplace_back(AdapterName(i, m, "lora_B"), layers_[i].lora_b[m]);
+      out.emplace_back(LoraAdapterName(i, m, "lora_A"), layers_[i].lora_a[m]);
+      out.emplace_back(LoraAdapterName(i, m, "lora_B"), layers_[i].lora_b[m]);
     }
   }
   return out;

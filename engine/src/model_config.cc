@@ -70,17 +70,46 @@ int64_t ModelConfig::NumParameters() const {
   return total;
 }
 
+std::pair<int64_t, int64_t> ModelConfig::LoraDims(int module) const {
+  const int64_t q = n_heads * HeadDim(), kv = n_kv_heads * HeadDim();
+  switch (module) {
+    case 0:
+      return {d_model, q};
+    case 1:
+    case 2:
+      return {d_model, kv};
+    case 3:
+      return {q, d_model};
+    case 4:
+    case 5:
+      return {d_model, ffn_dim};
+    default:
+      return {ffn_dim, d_model};
+  }
+}
+
 int64_t ModelConfig::NumAdapterParameters() const {
   if (!lora.enabled()) return 0;
-  const int64_t q = n_heads * HeadDim(), kv = n_kv_heads * HeadDim();
-  // (in, out) of q k v o gate up down.
-  const int64_t dims[kNumLoraModules][2] = {{d_model, q},       {d_model, kv},      {d_model, kv},
-                                            {q, d_model},       {d_model, ffn_dim}, {d_model, ffn_dim},
-                                            {ffn_dim, d_model}};
   int64_t per_layer = 0;
   for (int m = 0; m < kNumLoraModules; ++m)
-    if (lora.Targets(m)) per_layer += lora.rank * (dims[m][0] + dims[m][1]);
+    if (lora.Targets(m)) per_layer += lora.rank * (LoraDims(m).first + LoraDims(m).second);
   return n_layers * per_layer;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::AdapterShapes() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (!lora.enabled()) return out;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      if (!lora.Targets(m)) continue;
+      const auto [in, features] = LoraDims(m);
+      const auto layer = static_cast<size_t>(i);
+      out.emplace_back(LoraAdapterName(layer, m, "lora_A"), std::vector<int64_t>{lora.rank, in});
+      out.emplace_back(LoraAdapterName(layer, m, "lora_B"),
+                       std::vector<int64_t>{features, lora.rank});
+    }
+  }
+  return out;
 }
 
 Status ModelConfig::Validate() const {

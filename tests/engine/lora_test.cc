@@ -5,9 +5,15 @@
 //   hf_reference.py make DIR ─▶ make-adapter ADAPTER ─▶ LoadModel + LoadAdapter ─▶ Forward
 //                                          logits within 1e-5 ◀── hf_reference.py logits --adapter
 //   SaveAdapter(trained model) ─▶ hf_reference.py logits --adapter ─▶ equal within 1e-5
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -17,6 +23,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "test_util.h"
+#include "troupe/engine/engine.h"
 #include "troupe/engine/hf_folder.h"
 #include "troupe/engine/logprob.h"
 #include "troupe/engine/model.h"
@@ -389,6 +396,137 @@ TEST(LoraPeftTest, RefusesAdaptersItCannotApplyByKey) {
   Status st = LoadAdapter(d, plain);
   EXPECT_NE(st.message().find("has no LoRA"), std::string::npos) << st.message();
 }
+
+// ---------------------------------------------------------------- invariant 5 with adapters
+
+// Adapter updates (merged copy and unmerged) land only between engine steps, never while a
+// step is in flight (DESIGN.md invariant 5): while sequences decode, another thread applies a
+// new adapter version after another; every sampled token's log-prob must equal a replay with
+// exactly the version it is tagged with (token_versions), and a pinned Generate batch keeps
+// one version throughout. An update landing inside a step (a half-merged copy, adapters
+// swapped between layers, or between the forward and the version tag) makes some token match
+// no single version.
+class LoraUpdateWhileDecoding : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LoraUpdateWhileDecoding, EveryTokenMatchesTheVersionItIsTaggedWith) {
+  const bool merged = GetParam();
+  const uint64_t seed = TestSeed() + 40 + (merged ? 1 : 0);
+  EngineConfig ec;
+  ec.model = LoraTiny({"q_proj", "v_proj", "up_proj", "down_proj"});
+  ec.num_slots = 6;
+  ec.lora_merged = merged;
+  ec.init_seed = seed;
+  auto created = Engine::Create(ec);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Engine& e = **created;
+  // kSets adapter sets over one base; version v (>= 1) carries set v % kSets. Large random
+  // adapters, so versions give clearly different log-probs.
+  constexpr int kSets = 4;
+  std::vector<std::unique_ptr<LlamaModel>> replay;
+  for (int k = 0; k < kSets; ++k) {
+    replay.push_back(std::make_unique<LlamaModel>(ec.model, seed + 1));  // same base
+    RandomizeAdapters(*replay.back(), seed + 100 + k, 0.5);
+  }
+  auto set_of = [&](uint64_t v) { return static_cast<int>(v % kSets); };
+  ASSERT_TRUE(e.UpdateWeights(1, replay[set_of(1)]->StateWeights(), Deadline::InMs(30000)).ok());
+
+  // The updater: adapter-only updates, one after another, until generation is over.
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> last_version{1};
+  auto updater = std::async(std::launch::async, [&]() -> Status {
+    for (uint64_t v = 2; !done.load() && v < 100000; ++v) {
+      TROUPE_RETURN_IF_ERROR(
+          e.UpdateWeights(v, replay[set_of(v)]->AdapterWeights(), Deadline::InMs(30000)));
+      last_version.store(v);
+    }
+    return Status::Ok();
+  });
+
+  std::mt19937_64 rng(seed);
+  auto request = [&](int i) {
+    GenerateRequest r;
+    r.prompt = {1};
+    for (int t = 0; t < 3 + i % 5; ++t) r.prompt.push_back(static_cast<int32_t>(2 + rng() % 20));
+    r.sampling.max_new_tokens = 24;
+    r.sampling.temperature = i % 3 == 0 ? 0.7 : 1.0;
+    r.sampling.seed = rng();
+    r.tag = static_cast<uint64_t>(i);
+    return r;
+  };
+  // Submitted sequences (not pinned: updates land between their steps) ...
+  constexpr int kSubmitted = 16;
+  std::vector<GenerateRequest> submitted;
+  std::mutex mu;
+  std::vector<GenerationResult> results;
+  std::promise<void> all_in;
+  int remaining = kSubmitted;
+  for (int i = 0; i < kSubmitted; ++i) {
+    submitted.push_back(request(i));
+    ASSERT_TRUE(e.Submit(submitted.back(), [&](std::vector<GenerationResult> r) {
+                   std::lock_guard<std::mutex> l(mu);
+                   for (auto& x : r) results.push_back(std::move(x));
+                   if (--remaining == 0) all_in.set_value();
+                 }).ok());
+  }
+  ASSERT_EQ(all_in.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  // Then a pinned batch (updates wait for it), which keeps the version it started with.
+  std::vector<GenerateRequest> pinned;
+  for (int i = 0; i < 6; ++i) pinned.push_back(request(100 + i));
+  auto batch = e.Generate(pinned, Deadline::InMs(60000));
+  done.store(true);
+  Status updates = updater.get();
+  ASSERT_TRUE(updates.ok()) << updates.ToString();
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_GE(last_version.load(), 3u) << "the updater must have run during generation";
+
+  c10::InferenceMode guard;
+  int mixed = 0;  // submitted sequences whose tokens span more than one version
+  // The replay of one sequence: the prompt prefilled, then one decode step per token, each
+  // step on the model of exactly the version that token is tagged with, over one KV cache (a
+  // token's keys/values stay those of the version that processed it, as in the engine: an
+  // update does not recompute the cache).
+  auto check = [&](const GenerationResult& r, double temperature) {
+    ASSERT_TRUE(r.finish_reason == FinishReason::kStop || r.finish_reason == FinishReason::kLength)
+        << FinishReasonName(r.finish_reason) << " " << r.reject_reason;
+    ASSERT_EQ(r.token_versions.size(), r.response_ids.size());
+    ASSERT_FALSE(r.response_ids.empty());
+    if (std::set<uint64_t>(r.token_versions.begin(), r.token_versions.end()).size() > 1) ++mixed;
+    const auto p = static_cast<int64_t>(r.prompt_ids.size());
+    KvCache cache(ec.model, 1, ec.model.max_seq_len, torch::kCPU);
+    at::Tensor logits;
+    for (size_t t = 0; t < r.response_ids.size(); ++t) {
+      const uint64_t v = r.token_versions[t];
+      ASSERT_GE(v, 1u);
+      LlamaModel& m = *replay[set_of(v)];
+      if (t == 0) {
+        std::vector<int64_t> prompt(r.prompt_ids.begin(), r.prompt_ids.end());
+        logits = m.Step(at::tensor(prompt), at::zeros({p}, at::kLong), at::arange(p),
+                        at::full({1}, p - 1, at::kLong), cache);
+      } else {
+        const int64_t pos = p + static_cast<int64_t>(t) - 1;
+        logits = m.Decode(at::full({1}, static_cast<int64_t>(r.response_ids[t - 1]), at::kLong),
+                          at::full({1}, pos, at::kLong), pos + 1, cache);
+      }
+      at::Tensor want = TokenLogprobs(
+          logits, at::full({1}, static_cast<int64_t>(r.response_ids[t]), at::kLong), temperature);
+      EXPECT_NEAR(r.logprobs[t], want[0].item<float>(), 1e-4)
+          << "tag " << r.tag << " token " << t << " tagged with version " << v;
+    }
+  };
+  for (const auto& r : results) check(r, submitted[r.tag].sampling.temperature);
+  for (const auto& r : *batch) {
+    check(r, pinned[r.request_index].sampling.temperature);
+    for (uint64_t v : r.token_versions) EXPECT_EQ(v, r.policy_version) << "a pinned batch";
+  }
+  // The check above only means something if updates did land between decode steps.
+  EXPECT_GT(mixed, 0) << "no sequence saw an update while it decoded";
+  RecordProperty("adapter_updates", static_cast<int>(last_version.load() - 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, LoraUpdateWhileDecoding, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "MergedCopy" : "Unmerged";
+                         });
 
 }  // namespace
 }  // namespace troupe::engine

@@ -135,6 +135,71 @@ TEST(Checkpoint, ResumeGivesBitExactLosses) {
   EXPECT_EQ(ca.trained_tokens, cb.trained_tokens);
 }
 
+// LoRA: the KL reference shares the policy's frozen base tensors instead of cloning them
+// (one copy of the base in the learner), and that changes no result: a learner whose reference
+// holds its own copy of the same values trains to bit-identical losses and KL; when the base
+// trains again, the reference keeps the base it was snapshotted with.
+TEST(Checkpoint, LoraReferenceSharesTheFrozenBaseWithoutChangingResults) {
+  const auto batches = FixedBatches(3);
+  engine::ModelConfig m = testing::SmallModelConfig();
+  m.lora.rank = 4;
+  m.lora.alpha = 8;
+  m.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  struct Run {
+    std::shared_ptr<engine::LlamaModel> reference;
+    std::unique_ptr<Learner> learner;
+  };
+  auto make = [&]() {
+    Run r;
+    r.reference = std::make_shared<engine::LlamaModel>(m, 2);
+    auto l = Learner::Create(ResumeConfig(), std::make_shared<engine::LlamaModel>(m, 1),
+                             r.reference);
+    TROUPE_CHECK_MSG(l.ok(), "{}", l.status().ToString());
+    r.learner = std::move(l).value();
+    return r;
+  };
+  auto shares = [](const Run& r) {
+    auto pol = r.learner->policy().NamedWeights(), ref = r.reference->NamedWeights();
+    size_t n = 0;
+    for (size_t i = 0; i < pol.size(); ++i)
+      n += pol[i].second.data_ptr() == ref[i].second.data_ptr() ? 1 : 0;
+    return n;
+  };
+  Run shared = make(), own = make();
+  const size_t base_tensors = shared.learner->policy().NamedWeights().size();
+  EXPECT_EQ(shares(shared), base_tensors) << "every base tensor is shared, not copied";
+  // Training the base (and freezing it again) gives the reference its own copy.
+  ASSERT_TRUE(own.learner->SetBaseTrainable(true).ok());
+  ASSERT_TRUE(own.learner->SetBaseTrainable(false).ok());
+  EXPECT_EQ(shares(own), 0u);
+  double last_kl = 0;
+  for (const auto& b : batches) {
+    StepMetrics a = TrainOn(*shared.learner, b), c = TrainOn(*own.learner, b);
+    EXPECT_EQ(a.loss, c.loss);
+    EXPECT_EQ(a.kl, c.kl);
+    last_kl = a.kl;
+  }
+  EXPECT_GT(last_kl, 0) << "the adapters moved away from the reference's";
+  // The adapters are the reference's own: the policy's trained, the reference's did not.
+  auto pa = shared.learner->policy().AdapterWeights(), ra = shared.reference->AdapterWeights();
+  EXPECT_FALSE(at::equal(pa[0].second, ra[0].second));
+  // A base that trains again never moves the reference's base.
+  engine::NamedTensors ref_base;
+  for (auto& [n, t] : shared.reference->NamedWeights()) ref_base.emplace_back(n, t.clone());
+  ASSERT_TRUE(shared.learner->SetBaseTrainable(true).ok());
+  EXPECT_EQ(shares(shared), 0u);
+  ASSERT_TRUE(shared.learner->SupervisedStep(Demos()).ok());
+  auto after = shared.reference->NamedWeights();
+  for (size_t i = 0; i < ref_base.size(); ++i)
+    EXPECT_TRUE(at::equal(ref_base[i].second, after[i].second)) << ref_base[i].first;
+  EXPECT_FALSE(at::equal(ref_base[1].second, shared.learner->policy().NamedWeights()[1].second))
+      << "the policy's base trained";
+  // A snapshot after freezing shares the (new) base again.
+  ASSERT_TRUE(shared.learner->SetBaseTrainable(false).ok());
+  shared.learner->SnapshotReference();
+  EXPECT_EQ(shares(shared), base_tensors);
+}
+
 // LoRA: only adapters train (and AdamW holds only their state); a checkpoint holds the PEFT
 // adapter and hard-links the frozen base of the previous one; resuming is bit-exact.
 TEST(Checkpoint, LoraTrainsAdaptersOnlyAndResumesBitExactly) {

@@ -235,6 +235,49 @@ Learner::~Learner() = default;
 
 namespace {
 
+// LoRA with a frozen base: the reference (the KL anchor) is the same base with its own
+// adapters, so its base parameters alias the policy's (one copy of the base, read by both,
+// written by neither) instead of holding a clone. Trainable base parameters are never shared.
+// Returns the bytes shared.
+int64_t ShareFrozenBase(engine::LlamaModel& reference, const engine::LlamaModel& policy) {
+  if (!policy.config().lora.enabled()) return 0;
+  torch::NoGradGuard no_grad;
+  const auto src = policy.named_parameters();
+  int64_t shared = 0;
+  for (auto& item : reference.named_parameters()) {
+    const at::Tensor* from = src.find(item.key());
+    if (from == nullptr || from->requires_grad() || item.key().find("_lora_") != std::string::npos)
+      continue;
+    at::Tensor p = item.value();
+    if (!p.is_alias_of(*from)) p.set_(*from);
+    shared += static_cast<int64_t>(p.nbytes());
+  }
+  return shared;
+}
+
+// Gives the reference its own copy of every base parameter it shares with the policy (before
+// the policy's base trains, or before the reference loads other weights).
+void UnshareBase(engine::LlamaModel& reference, const engine::LlamaModel& policy) {
+  torch::NoGradGuard no_grad;
+  const auto src = policy.named_parameters();
+  for (auto& item : reference.named_parameters()) {
+    const at::Tensor* from = src.find(item.key());
+    at::Tensor p = item.value();
+    if (from != nullptr && p.is_alias_of(*from)) p.set_(p.clone());
+  }
+}
+
+// True when every base parameter of the two models holds the same values.
+bool SameBase(const engine::LlamaModel& a, const engine::LlamaModel& b) {
+  const auto other = b.named_parameters();
+  for (const auto& item : a.named_parameters()) {
+    if (item.key().find("_lora_") != std::string::npos) continue;
+    const at::Tensor* t = other.find(item.key());
+    if (t == nullptr || !at::equal(item.value(), *t)) return false;
+  }
+  return true;
+}
+
 std::unique_ptr<torch::optim::AdamW> MakeOptimizer(const LearnerConfig& c,
                                                    const std::vector<at::Tensor>& params) {
   // Decay matrices only; norms and biases (1-D) are never decayed.
@@ -305,6 +348,9 @@ Result<std::unique_ptr<Learner>> Learner::Create(const LearnerConfig& config,
     for (auto& p : l->reference_->parameters()) p.requires_grad_(false);
     Status st = l->reference_->LoadNamed(l->policy_->StateWeights());
     if (!st.ok()) return st.WithContext("reference model does not match the policy");
+    if (int64_t b = ShareFrozenBase(*l->reference_, *l->policy_); b > 0)
+      Log().info("learner: the reference shares the policy's frozen base ({:.1f} MB not copied)",
+                 static_cast<double>(b) / 1e6);
   }
   if (mc.lora.enabled())
     Log().info("learner: LoRA {}: {} adapter parameters train, the {} of the base are frozen",
@@ -423,6 +469,8 @@ void Learner::ResetOptimizer() {
 Status Learner::SetBaseTrainable(bool trainable) {
   if (!policy_->config().lora.enabled())
     return InvalidArgument("SetBaseTrainable: the policy has no LoRA (its base always trains)");
+  // A base that trains must not move the reference's (shared while frozen).
+  if (trainable && reference_) UnshareBase(*reference_, *policy_);
   policy_->SetBaseTrainable(trainable);
   state_->params.clear();
   for (const auto& p : policy_->parameters())
@@ -452,7 +500,10 @@ std::vector<FinishedBatch> Learner::TakeFinishedBatches() {
 
 void Learner::SnapshotReference() {
   if (!reference_) return;
-  Status st = reference_->LoadNamed(policy_->StateWeights());
+  // A frozen base is shared, not copied: only the adapters are the reference's own.
+  const bool shared = ShareFrozenBase(*reference_, *policy_) > 0;
+  if (!shared) UnshareBase(*reference_, *policy_);
+  Status st = reference_->LoadNamed(shared ? policy_->AdapterWeights() : policy_->StateWeights());
   TROUPE_CHECK_MSG(st.ok(), "reference snapshot: {}", st.ToString());
 }
 
@@ -1213,6 +1264,7 @@ Status Learner::LoadCheckpoint(const std::string& path) {
   // if the policy then fails.
   engine::NamedTensors ref_before;
   if (ref_file) {
+    UnshareBase(*reference_, *policy_);  // loading must not write into the policy's base
     for (auto& [name, t] : reference_->StateWeights()) ref_before.emplace_back(name, t.clone());
     TROUPE_RETURN_IF_ERROR(
         reference_->LoadNamed(ref_file->tensors).WithContext(file("reference.safetensors")));
@@ -1231,6 +1283,9 @@ Status Learner::LoadCheckpoint(const std::string& path) {
   }
   s.base_file.clear();
   if (reference_ && !ref_file) SnapshotReference();
+  // The checkpoint's reference over the same frozen base: share it again.
+  if (reference_ && ref_file && SameBase(*reference_, *policy_))
+    ShareFrozenBase(*reference_, *policy_);
   s.optimizer = std::move(optimizer);
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();

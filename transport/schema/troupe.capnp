@@ -115,6 +115,23 @@ struct Register {
   endpoints @4 :List(NamedEndpoint);  # sockets this actor bound, by purpose
   policyVersion @5 :UInt64;    # version the actor holds (rollout/learner), 0 if none
   restarts @6 :UInt32;         # how many times the supervisor restarted this actor id
+  adapters @7 :AdapterLayout;  # weight broadcast only: the LoRA adapters the receiver's engine
+                               # applies, so the learner refuses a mismatch at group formation
+}
+
+# What a weight receiver's engine can apply (Register.adapters): the learner compares it with
+# the adapters it trains and refuses a receiver that could not apply them, naming the mismatch.
+struct AdapterLayout {
+  declared @0 :Bool;           # false: not stated (checked at the first transfer instead)
+  rank @1 :UInt32;             # LoRA rank r; 0 = no lora config (full weights only)
+  alpha @2 :Float64;           # effective lora_alpha (scale = alpha / rank)
+  targets @3 :List(Text);      # PEFT module names ("q_proj", ...)
+  tensors @4 :List(AdapterTensor);  # every adapter tensor, PEFT names, in the engine's order
+}
+
+struct AdapterTensor {
+  name @0 :Text;               # "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+  shape @1 :List(Int64);
 }
 
 # actor -> head, every heartbeat interval. Missing heartbeats mark the actor lost.

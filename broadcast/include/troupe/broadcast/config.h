@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "troupe/broadcast/adapter_layout.h"
 #include "troupe/core/status.h"
 
 namespace troupe::config {
@@ -122,6 +123,10 @@ struct BroadcastConfig {
   std::string node;
   // Name of the learner in logs and on the wire; empty = the network's actor id. Empty.
   std::string actor_id;
+  // The LoRA adapters this learner trains (rank 0: full weights); receivers whose declared
+  // layout differs are refused at registration (adapter_layout.h). Not a YAML key: the
+  // learner sets it from the job's model. Default undeclared (no check).
+  AdapterLayout adapters;
 
   Status Validate() const;
 };
@@ -157,6 +162,10 @@ struct ReceiverConfig {
   // Largest weight stream accepted: bounds the memory a (faulty) peer can make us allocate.
   // 64 GiB.
   uint64_t max_bytes = uint64_t{64} << 30;
+  // The LoRA adapters this receiver's engine applies (rank 0: no lora config), sent with
+  // every Register; a learner training other adapters refuses it there (adapter_layout.h).
+  // Not a YAML key: the rollout actor sets it from its engine's model. Default undeclared.
+  AdapterLayout adapters;
 
   Status Validate() const;
 };

@@ -21,7 +21,8 @@
 // ("<actor id>/<random>"), so no other peer can take its place at the learner.
 // The data socket takes chunks only from the peer the protocol names for the
 // transfer (the learner, or the predecessor on a chain); others are refused and
-// counted (rejected.unexpected).
+// counted (rejected.unexpected). Its Register declares the adapters its engine applies
+// (config.adapters); a learner training others refuses it there (refusal()).
 //
 // Threading: one internal thread owns the sockets and the group and runs the
 // sink. Public methods are thread-safe. The destructor tells the learner it is
@@ -55,6 +56,8 @@ struct ReceiverStats {
   // Well-formed messages refused (wrong kind for the socket, chunks from a peer that is not
   // the transfer's sender) — also counted as rejected.unexpected in the TransportCounters.
   uint64_t refused = 0;
+  // Times the learner refused our Register (our engine cannot apply its adapters).
+  uint64_t refusals = 0;
 };
 
 class WeightReceiver {
@@ -84,8 +87,16 @@ class WeightReceiver {
   // InvalidArgument when a sink was given.
   Result<ReceivedWeights> Receive(Deadline deadline);
 
-  // Blocks until version() >= `version` (Timeout at the deadline).
+  // Blocks until version() >= `version` (Timeout at the deadline; the refusal at once when
+  // the learner refused us, see refusal()).
   Status WaitForVersion(uint64_t version, Deadline deadline);
+
+  // Ok, or why the learner refused our Register (InvalidArgument: "refused by learner
+  // learner-0: rollout-2: learner trains LoRA r=16 ...; engine has no lora config"). A refused
+  // receiver never joins; it stops registering and asks again only after the learner went
+  // silent for learner_timeout_ms (a restarted learner may take it). Receive and
+  // WaitForVersion return it.
+  Status refusal() const;
 
   // Leaves the group gracefully: the learner confirms by forming the next epoch without us
   // (an in-flight broadcast completes first). Blocks until confirmed or the deadline; the

@@ -17,7 +17,10 @@
 // data path is the backend's (data_path.h); this class keeps membership,
 // epochs, catch-up and acknowledgements. A receiver is known by its actor id
 // *and* its connection: a second connection claiming the id of a live member
-// is refused and counted (it cannot take the member's place), the member stays.
+// is refused and counted (it cannot take the member's place), the member stays. A
+// receiver whose declared adapters (ReceiverConfig::adapters) do not match
+// config.adapters is refused at registration with the mismatch, logged and counted
+// (receivers_refused); it never joins, and the group goes on without it.
 //
 // Threading: one internal service thread owns all sockets and the process
 // group; it answers registrations, heartbeats and catch-ups even while the
@@ -66,6 +69,11 @@ struct SenderStats {
   uint64_t refused = 0;
   // Registrations refused because another live connection holds that receiver id.
   uint64_t takeovers_refused = 0;
+  // Registrations refused because the receiver's engine cannot apply this learner's adapters
+  // (BroadcastConfig::adapters vs its declared layout), and the last such reason ("rollout-2:
+  // learner trains LoRA r=16 ...; engine has no lora config").
+  uint64_t receivers_refused = 0;
+  std::string last_refusal;
 };
 
 class WeightSender {

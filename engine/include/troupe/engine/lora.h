@@ -33,6 +33,9 @@ const char* LoraModuleName(int module);
 int LoraModuleIndex(std::string_view name);
 // "self_attn" for q/k/v/o, "mlp" for gate/up/down.
 const char* LoraModuleParent(int module);
+// PEFT's name of an adapter tensor: `ab` is "lora_A" or "lora_B"
+// ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight").
+std::string LoraAdapterName(size_t layer, int module, const char* ab);
 
 struct LoraConfig {
   // Rank r of every adapter. 0 (default) = no LoRA: the full model trains and travels.

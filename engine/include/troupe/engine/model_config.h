@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "troupe/core/status.h"
@@ -113,6 +114,11 @@ struct ModelConfig {
   int64_t NumParameters() const;
   // Number of adapter parameters (0 without LoRA).
   int64_t NumAdapterParameters() const;
+  // (in, out) features of LoRA module `module` (lora.h order: q k v o gate up down).
+  std::pair<int64_t, int64_t> LoraDims(int module) const;
+  // Every adapter tensor's PEFT name and shape ([r, in] lora_A, [out, r] lora_B), in the
+  // order of LlamaModel::AdapterWeights(); empty without LoRA.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> AdapterShapes() const;
   // Checks every field; the error names the field, its value and the rule.
   Status Validate() const;
   // One-line summary for logs ("arch=llama layers=2 d_model=128 heads=4/2 ...").
