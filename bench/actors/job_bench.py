@@ -118,7 +118,10 @@ def steps_to(recs, target):
 
 def median(xs):
     xs = sorted(x for x in xs if x is not None)
-    return xs[len(xs) // 2] if xs else None
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def bench_async(a):
