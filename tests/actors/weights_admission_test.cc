@@ -18,6 +18,7 @@
 #include "troupe/engine/model.h"
 #include "troupe/transport/zmq_network.h"
 #include "../common/eventually.h"
+#include "../engine/test_util.h"
 
 namespace troupe::actors {
 namespace {
@@ -33,16 +34,10 @@ uint64_t Seed() {
   return seed;
 }
 
+// The engine tests' small model with the given adapters.
 engine::ModelConfig Tiny(int64_t rank, double alpha = 0,
                          std::vector<std::string> targets = {"q_proj", "v_proj"}) {
-  engine::ModelConfig c;
-  c.vocab_size = 23;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 48;
-  c.max_seq_len = 32;
+  engine::ModelConfig c = engine::testing::TinyConfig();
   c.lora.rank = rank;
   c.lora.alpha = alpha;
   c.lora.target_modules = std::move(targets);
