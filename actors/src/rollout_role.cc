@@ -165,7 +165,8 @@ class RolloutRole {
   Status Setup();
   void SyncDirectory();
   void ConnectLearner(const std::string& data, const std::string& weights);
-  void PollCredits(Deadline deadline);
+  // Reads every credit message already waiting (never blocks).
+  void PollCredits();
   // Starts the generation clocks (wall and process CPU) at the first submitted group:
   // the final report's tokens per CPU-second leave out start-up and waiting for weights.
   void MarkFirstSubmit() {
@@ -403,17 +404,16 @@ void RolloutRole::SyncDirectory() {
 }
 
 void RolloutRole::WaitForWork(Deadline deadline) {
-  auto ready = poller_->Wait(deadline);  // readable sockets, empty after a Wake, or kTimeout
-  (void)ready;
-  PollCredits(Deadline::Now());
+  // Readable sockets, empty after a Wake, or kTimeout: PollCredits looks either way.
+  (void)poller_->Wait(deadline);
+  PollCredits();
 }
 
-void RolloutRole::PollCredits(Deadline deadline) {
+void RolloutRole::PollCredits() {
   if (!credit_sock_) return;
   while (true) {
-    auto in = credit_sock_->Recv(deadline);
+    auto in = credit_sock_->Recv(Deadline::Now());
     if (!in.ok()) return;
-    deadline = Deadline::Now();
     if (in->message.kind() != transport::MessageKind::CREDIT) continue;
     auto c = in->message.envelope().getBody().getCredit();
     credits_ += c.getGranted();
@@ -952,7 +952,7 @@ void RolloutRole::Drain() {
       last = outcomes_.load();
       quiet_since = std::chrono::steady_clock::now();
     }
-    PollCredits(Deadline::Now());  // a grant that crossed the return goes back too
+    PollCredits();  // a grant that crossed the return goes back too
     ReturnCredits();
     bool learner_gone = rt_.directory().Live("learner").empty();
     if (learner_gone && SecondsSince(quiet_since) > 0.5) break;
