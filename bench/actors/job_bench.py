@@ -8,14 +8,17 @@
      own best recipe (bench/reference/sweep_grpo_reverse.py); --rounds rounds in
      alternating order, each round's ratio and their median (target >= 2).
   2. asynchrony: wall time to the same held-out accuracy with max_policy_lag 0
-     vs 2, median of --async-repeats runs each (target: >= 1.5x faster with
-     lag); also updates to the target and updates per second.
+     vs 2, median of --async-repeats runs each, alternating (target: >= 1.5x
+     faster with lag on a long-tailed task); also updates to the target, updates
+     per second and response lengths. `async`: the default task (short, even
+     responses); `async_multiturn`: multi-turn tool episodes
+     (configs/multiturn_file_reverse.yaml from one shared warm start).
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
      (bench/actors/standalone_rollout), in the same run (target: >= 0.9); the
      wall-clock ratio is reported too (on 2 cores the learner takes its share).
 
-Usage: bench/actors/job_bench.py [--build build] [--only default,async,overhead] [--rounds 3]
+Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,overhead] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
 """
 import argparse, atexit, json, os, re, shutil, subprocess, sys, tempfile, time
@@ -24,12 +27,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
 
 
-def troupe_run(build, sets, timeout, with_runs=False):
+def troupe_run(build, sets, timeout, with_runs=False, config=CONFIG):
     """Runs a job in a private runs folder; returns the parsed metrics.jsonl records."""
     runs = tempfile.mkdtemp(prefix="troupe-bench-")
     if not os.environ.get("TROUPE_BENCH_KEEP_RUNS"):  # set it to keep the run folders
         atexit.register(shutil.rmtree, runs, True)
-    cmd = [os.path.join(build, "launcher", "troupe"), "--runs-dir", runs, "run", CONFIG]
+    cmd = [os.path.join(build, "launcher", "troupe"), "--runs-dir", runs, "run", config]
     for s in sets:
         cmd += ["--set", s]
     t0 = time.time()
@@ -124,30 +127,57 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def bench_async(a):
-    """Lag 0 vs 2, alternating, a.async_repeats times each: RL runs to a target
-    vary with their sampling path, so the medians are compared. Updates to the
-    target (sample efficiency) and updates per second (throughput) separate
-    what asynchrony costs from what it buys."""
-    target = a.async_target
-    common = ["stop.target_accuracy=%g" % target, "stop.max_seconds=%d" % a.async_seconds]
+def lag_runs(a, config, sets, target, seconds, tag):
+    """Lag 0 vs 2 on one config, alternating, a.async_repeats times each: RL runs to a
+    target vary with their sampling path, so the medians are compared. Updates to the
+    target (sample efficiency), updates per second (throughput) and response lengths
+    (the tail a lag-0 update waits for) separate what asynchrony costs from what it buys."""
+    common = sets + ["stop.target_accuracy=%g" % target, "stop.max_seconds=%d" % seconds]
     runs = {0: [], 2: []}
-    for _ in range(a.async_repeats):
-        for lag in (0, 2):
-            recs, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=%d" % lag], a.timeout)
+    for i in range(a.async_repeats):
+        for lag in ((0, 2) if i % 2 == 0 else (2, 0)):
+            recs, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=%d" % lag], a.timeout, config=config)
             t, n = time_to(recs, target), steps_to(recs, target)
-            runs[lag].append({"s": t, "updates": n, "updates_per_s": (n / t) if t and n else None})
-    res = {"async_target": target, "async_repeats": a.async_repeats,
-           "lag0_runs": runs[0], "lag2_runs": runs[2]}
+            trains = [r for r in recs if r.get("kind") == "train"]
+            run = {"s": t, "updates": n, "updates_per_s": (n / t) if t and n else None,
+                   "best_acc": summary(recs).get("best_accuracy")}
+            if trains:
+                run["response_len_mean"] = sum(r.get("response_len_mean", 0) for r in trains) / len(trains)
+                run["response_len_max_mean"] = sum(r.get("response_len_max", 0) for r in trains) / len(trains)
+            sys.stderr.write(f"{tag} lag {lag}: {json.dumps(run)}\n")
+            runs[lag].append(run)
+    res = {tag + "target": target, tag + "repeats": a.async_repeats,
+           tag + "lag0_runs": runs[0], tag + "lag2_runs": runs[2]}
     for lag in (0, 2):
-        res["lag%d_time_s" % lag] = median([r["s"] for r in runs[lag]])
-        res["lag%d_updates" % lag] = median([r["updates"] for r in runs[lag]])
-        res["lag%d_updates_per_s" % lag] = median([r["updates_per_s"] for r in runs[lag]])
-    if res["lag0_time_s"] and res["lag2_time_s"]:
-        res["async_speedup"] = res["lag0_time_s"] / res["lag2_time_s"]
-    if res["lag0_updates_per_s"] and res["lag2_updates_per_s"]:
-        res["async_throughput_ratio"] = res["lag2_updates_per_s"] / res["lag0_updates_per_s"]
+        for k, field in (("time_s", "s"), ("updates", "updates"), ("updates_per_s", "updates_per_s")):
+            res["%slag%d_%s" % (tag, lag, k)] = median([r[field] for r in runs[lag]])
+    if res[tag + "lag0_time_s"] and res[tag + "lag2_time_s"]:
+        res[tag + "speedup"] = res[tag + "lag0_time_s"] / res[tag + "lag2_time_s"]
+    if res[tag + "lag0_updates_per_s"] and res[tag + "lag2_updates_per_s"]:
+        res[tag + "throughput_ratio"] = res[tag + "lag2_updates_per_s"] / res[tag + "lag0_updates_per_s"]
     return res
+
+
+def bench_async(a):
+    """The default task, RL from its 100-step warm start to --async-target."""
+    return lag_runs(a, CONFIG, [], a.async_target, a.async_seconds, "async_")
+
+
+def bench_async_multiturn(a):
+    """Multi-turn tool episodes (configs/multiturn_file_reverse.yaml: read w.txt, submit the
+    word reversed; 2-4 turns, ~30-100 tokens an episode with tool output between turns): the
+    long-tailed case, where a lag-0 update waits for the batch's slowest episode. One warm
+    start (475 supervised steps) is made first and every run starts from its checkpoint."""
+    config = os.path.join(ROOT, "configs", "multiturn_file_reverse.yaml")
+    warm = a.multiturn_init_from
+    if not warm:
+        _, _, runs = troupe_run(a.build, ["stop.max_steps=1", "eval.every_steps=0"], a.timeout,
+                                with_runs=True, config=config)
+        ckpts = sorted(c for c in os.listdir(os.path.join(runs, "latest", "checkpoints")) if c.startswith("ckpt-"))
+        warm = os.path.join(runs, "latest", "checkpoints", ckpts[0])  # the warm start's, before RL
+        sys.stderr.write(f"multiturn warm start: {warm}\n")
+    sets = ["warm_start.steps=0", "warm_start.init_from=" + warm, "eval.prompts=%d" % a.multiturn_eval_prompts]
+    return lag_runs(a, config, sets, a.multiturn_target, a.multiturn_seconds, "multiturn_")
 
 
 def bench_overhead(a):
@@ -187,7 +217,7 @@ def bench_overhead(a):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--only", default="default,async,overhead")
+    ap.add_argument("--only", default="default,async,async_multiturn,overhead")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--reference-seconds", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3, help="default-job rounds (alternating order)")
@@ -197,11 +227,17 @@ def main():
     ap.add_argument("--async-target", type=float, default=0.8)
     ap.add_argument("--async-seconds", type=int, default=240)
     ap.add_argument("--async-repeats", type=int, default=3)
+    ap.add_argument("--multiturn-target", type=float, default=0.65)
+    ap.add_argument("--multiturn-seconds", type=int, default=420)
+    ap.add_argument("--multiturn-eval-prompts", type=int, default=200)
+    ap.add_argument("--multiturn-init-from", default="",
+                    help="a warm-start checkpoint of configs/multiturn_file_reverse.yaml (default: make one)")
     ap.add_argument("--overhead-steps", type=int, default=300)
     a = ap.parse_args()
     res = {"bench": "job"}
     for part in a.only.split(","):
-        fn = {"default": bench_default, "async": bench_async, "overhead": bench_overhead}[part]
+        fn = {"default": bench_default, "async": bench_async, "async_multiturn": bench_async_multiturn,
+              "overhead": bench_overhead}[part]
         r = fn(a)
         sys.stderr.write(f"{part}: {json.dumps(r)}\n")
         res.update(r)

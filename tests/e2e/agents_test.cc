@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -257,19 +258,23 @@ TEST(AgentServerJob, AgentServerKilledMidRunGivesZeroRewardsWithAReasonAndTheJob
   EXPECT_TRUE(reason) << "no failure reason naming the agent server in a rollout actor's log";
 }
 
-// Learning through the agent: the default reverse job (tiny_reverse.yaml), every
-// training episode played by the reference server's single-turn agent through
-// the endpoint; the learner's held-out evaluation (built-in, greedy) climbs from
-// the warm start to 0.6 as in EndToEnd.ShortJobLearnsWithinTheLagAndAccountsForEverything.
-TEST(AgentServerJob, HeldOutAccuracyRisesWhenEveryEpisodeComesFromTheAgent) {
+// Learning through the multi-turn agent: configs/agent_server.yaml as README runs it
+// (file_reverse: read the file, submit the word reversed), every training episode
+// played by the reference agent server through the endpoint, its tool outputs
+// masked. The learner's held-out evaluation (built-in episodes, greedy, all 200
+// prompts) climbs from the partial warm start (0.535) to 0.62: ~9 minutes on 2
+// cores (the 475-step warm start is ~4 of them).
+TEST(AgentServerJob, HeldOutAccuracyRisesWhenEveryMultiTurnEpisodeComesFromTheAgent) {
   fs::path dir = TestDir("agents-learn");
   AgentServer agent(dir);
   ASSERT_GT(agent.port(), 0);
-  Job job("tiny_reverse.yaml",
-          Short(1500, {agent.Override("single", "/single"), "eval.every_steps=20",
-                       "stop.target_accuracy=0.6"}),
+  constexpr double kTarget = 0.62;
+  Job job("agent_server.yaml",
+          Short(400, {agent.Override(), "eval.every_steps=10", "eval.prompts=200",
+                      "checkpoint.every_steps=50",
+                      "stop.target_accuracy=" + std::to_string(kTarget)}),
           dir);
-  auto e = job.Wait(900000);
+  auto e = job.Wait(1500000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
   auto warm = job.Metrics("warm_start");
   auto evals = job.Metrics("eval");
@@ -277,15 +282,25 @@ TEST(AgentServerJob, HeldOutAccuracyRisesWhenEveryEpisodeComesFromTheAgent) {
   ASSERT_FALSE(evals.empty());
   double start = warm[0].value("eval_accuracy", 0.0), best = 0;
   for (auto& ev : evals) best = std::max(best, ev.value("eval_accuracy", 0.0));
-  EXPECT_LT(start, 0.55) << "the warm start alone was already close to the target";
-  EXPECT_GE(best, 0.6) << "held-out accuracy did not reach 0.6: warm start " << start << ", best "
-                       << best;
+  std::printf("held-out accuracy: warm start %.3f, best %.3f after %zu evals (last at update %.0f)\n",
+              start, best, evals.size(), evals.back().value("step", 0.0));
+  EXPECT_LT(start, 0.58) << "the warm start alone was already close to the target";
+  EXPECT_GE(best, kTarget) << "held-out accuracy did not reach " << kTarget << ": warm start "
+                           << start << ", best " << best << " in " << evals.size() << " evals";
+  EXPECT_GE(best - start, 0.07) << "warm start " << start << ", best " << best;
   ExpectAccountingHolds(job);
   auto rollouts = job.Finals("rollout");
   ASSERT_FALSE(rollouts.empty());
-  EXPECT_GT(Sum(rollouts, "agent.single.ok"), 0) << rollouts[0].dump();
-  EXPECT_EQ(Sum(rollouts, "agent.single.mismatch"), 0) << rollouts[0].dump();
-  EXPECT_EQ(Sum(rollouts, "agent.single.failed"), 0) << rollouts[0].dump();
+  EXPECT_GT(Sum(rollouts, "agent.reference.ok"), 0) << rollouts[0].dump();
+  EXPECT_GT(Sum(rollouts, "agent.reference.turns"), Sum(rollouts, "agent.reference.ok"))
+      << "no episode took more than one turn";
+  EXPECT_EQ(Sum(rollouts, "agent.reference.mismatch"), 0) << rollouts[0].dump();
+  EXPECT_EQ(Sum(rollouts, "agent.reference.failed"), 0) << rollouts[0].dump();
+  EXPECT_GT(Sum(rollouts, "gen_env_tokens"), 0) << rollouts[0].dump();
+  // Every sequence generated came from an agent episode (none built in).
+  EXPECT_GT(Sum(rollouts, "generated"), 0) << rollouts[0].dump();
+  EXPECT_LE(Sum(rollouts, "generated"), Sum(rollouts, "agent.reference.episodes"))
+      << rollouts[0].dump();
 }
 
 }  // namespace

@@ -229,12 +229,15 @@ TEST(Learner, OnPolicyRatioIsOne) {
   auto l = MakeLearner(c);
   std::vector<SeqSpec> seqs;
   std::mt19937 rng(7);
+  int64_t len_sum = 0, len_max = 0;
   for (int g = 0; g < 4; ++g) {
     std::vector<int32_t> prompt = {1, static_cast<int32_t>(4 + g), 3};
     for (int k = 0; k < 4; ++k) {
       std::vector<int32_t> resp;
       const int len = 1 + static_cast<int>(rng() % 6);  // ragged lengths: padding in the pack
       for (int t = 0; t < len; ++t) resp.push_back(static_cast<int32_t>(4 + rng() % 12));
+      len_sum += len;
+      len_max = std::max<int64_t>(len_max, len);
       seqs.push_back({prompt, resp, static_cast<float>(k % 2)});
     }
   }
@@ -254,6 +257,8 @@ TEST(Learner, OnPolicyRatioIsOne) {
   EXPECT_GT(m->grad_norm, 0.0);
   EXPECT_NEAR(m->reward_mean, 0.5, 1e-9);
   EXPECT_NEAR(m->reward_std, 0.5, 1e-9);
+  EXPECT_NEAR(m->response_len_mean, static_cast<double>(len_sum) / 16.0, 1e-9);
+  EXPECT_EQ(m->response_len_max, static_cast<double>(len_max));
   // Every group's mean reward (two of four samples rewarded), every trained token at weight 1.
   EXPECT_EQ(m->group_rewards, (std::vector<double>{0.5, 0.5, 0.5, 0.5}));
   ASSERT_EQ(m->is_weight_histogram.size(), IsWeightEdges().size() + 1);

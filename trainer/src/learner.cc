@@ -700,9 +700,14 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
   m.lr = schedule.At(static_cast<int64_t>(rl_updates));
   m.lag_histogram.assign(static_cast<size_t>(gate.max_policy_lag()) + 1, 0);
   double reward_sum = 0, reward_sq = 0;
-  int64_t reward_n = 0;
+  int64_t reward_n = 0, response_tokens = 0, response_seqs = 0;
   for (const GroupBatch& gb : g.batches) {
     if (!gb.active) continue;
+    const auto& off = gb.batch.response_offsets;
+    for (size_t i = 1; i < off.size(); ++i)
+      m.response_len_max = std::max(m.response_len_max, static_cast<double>(off[i] - off[i - 1]));
+    response_tokens += gb.batch.num_response_tokens();
+    response_seqs += gb.batch.num_sequences();
     ++m.batches;
     m.groups += gb.adv.groups;
     m.uniform_groups += gb.adv.uniform_groups;
@@ -731,6 +736,8 @@ Result<StepMetrics> Learner::State::RunRlUpdate(SteadyClock::time_point t0) {
     m.reward_std = std::sqrt(
         std::max(0.0, reward_sq / static_cast<double>(reward_n) - m.reward_mean * m.reward_mean));
   }
+  if (response_seqs > 0)
+    m.response_len_mean = static_cast<double>(response_tokens) / static_cast<double>(response_seqs);
   m.sequences = g.sequences;
   m.padded_tokens = g.padded_tokens;
   m.micro_batches = static_cast<int64_t>(g.micro.size());

@@ -23,6 +23,8 @@ std::vector<std::pair<std::string, double>> StepMetrics::Stats() const {
       {"grad_norm", grad_norm},
       {"reward_mean", reward_mean},
       {"reward_std", reward_std},
+      {"response_len_mean", response_len_mean},
+      {"response_len_max", response_len_max},
       {"token_accuracy", token_accuracy},
       {"tokens", static_cast<double>(tokens)},
       {"padded_tokens", static_cast<double>(padded_tokens)},

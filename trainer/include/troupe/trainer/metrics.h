@@ -40,6 +40,10 @@ struct StepMetrics {
   double grad_norm = 0.0;              // global gradient norm before clipping
   double reward_mean = 0.0;            // over the sequences of the update's batches
   double reward_std = 0.0;             // population std of the same
+  // Response tokens per sequence (model and environment tokens) over the update's batches:
+  // the length distribution whose tail an on-policy (lag 0) update waits for.
+  double response_len_mean = 0.0;
+  double response_len_max = 0.0;
   double token_accuracy = 0.0;         // supervised: share of response tokens predicted by argmax
   int64_t tokens = 0;                  // trained (mask = 1) tokens
   int64_t padded_tokens = 0;           // tokens run through the model (rows x padded length)
