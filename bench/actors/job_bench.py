@@ -227,7 +227,7 @@ def main():
     ap.add_argument("--async-target", type=float, default=0.8)
     ap.add_argument("--async-seconds", type=int, default=240)
     ap.add_argument("--async-repeats", type=int, default=3)
-    ap.add_argument("--multiturn-target", type=float, default=0.65)
+    ap.add_argument("--multiturn-target", type=float, default=0.62)
     ap.add_argument("--multiturn-seconds", type=int, default=420)
     ap.add_argument("--multiturn-eval-prompts", type=int, default=200)
     ap.add_argument("--multiturn-init-from", default="",

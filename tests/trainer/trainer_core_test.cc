@@ -193,7 +193,7 @@ TEST(Config, DefaultsValidAndErrorsNameTheField) {
   c.max_policy_lag = 4;
   EXPECT_TRUE(c.Validate().ok());
   c.lr = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_THAT(c.Validate().message(), HasSubstr("learner.lr"));
+  EXPECT_THAT(c.Validate().message(), HasSubstr("trainer.lr"));
   c = LearnerConfig{};
   c.clip_low = 1.5;
   EXPECT_THAT(c.Validate().message(), HasSubstr("clip_low"));

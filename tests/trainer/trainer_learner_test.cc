@@ -215,7 +215,7 @@ TEST(Learner, UpdateThreadsRefuseWhatTheyCannotKeepDeterministic) {
   LearnerConfig c = TestConfig();
   c.threads = 0;
   EXPECT_THAT(Learner::Create(c, SmallModel(1)).status().message(),
-              HasSubstr("learner.threads = 0 must be in [1, 64]"));
+              HasSubstr("trainer.threads = 0 must be in [1, 64]"));
   c.threads = 2;
   engine::ModelConfig mc = testing::SmallModelConfig();
   mc.lora.rank = 4;

@@ -306,7 +306,7 @@ Result<std::unique_ptr<Learner>> Learner::Create(const LearnerConfig& config,
   if (!policy) return InvalidArgument("learner needs a policy model (got null)");
   const engine::ModelConfig& mc = policy->config();
   if (config.kl_coef > 0 && !reference) {
-    return InvalidArgument("learner.kl_coef = {} needs a reference model (got none)",
+    return InvalidArgument("trainer.kl_coef = {} needs a reference model (got none)",
                            config.kl_coef);
   }
   if (config.kl_coef == 0) reference.reset();
@@ -315,17 +315,17 @@ Result<std::unique_ptr<Learner>> Learner::Create(const LearnerConfig& config,
                            policy->device().str());
   }
   if (config.threads > 1 && !policy->device().is_cpu()) {
-    return InvalidArgument("learner.threads = {} splits updates across CPU threads; the policy is on {}",
+    return InvalidArgument("trainer.threads = {} splits updates across CPU threads; the policy is on {}",
                            config.threads, policy->device().str());
   }
   if (config.threads > 1 && mc.lora.enabled() && mc.lora.dropout > 0) {
     return InvalidArgument(
-        "learner.threads = {} with lora.dropout = {}: dropout masks drawn by several threads "
+        "trainer.threads = {} with lora.dropout = {}: dropout masks drawn by several threads "
         "would depend on timing (set one of them to 1 / 0)",
         config.threads, mc.lora.dropout);
   }
   if (config.max_sequence_tokens > mc.max_seq_len) {
-    return InvalidArgument("learner.max_sequence_tokens = {} exceeds the model's max_seq_len {}",
+    return InvalidArgument("trainer.max_sequence_tokens = {} exceeds the model's max_seq_len {}",
                            config.max_sequence_tokens, mc.max_seq_len);
   }
   if (config.tune_allocator) {
