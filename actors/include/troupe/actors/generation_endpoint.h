@@ -62,6 +62,9 @@ struct GenerationEndpointStats {
   uint64_t server_errors = 0;     // answered 5xx
   uint64_t generated_tokens = 0;  // sampled tokens returned
   uint64_t recorded = 0;          // generations recorded for a group
+  uint64_t streams = 0;           // requests answered as server-sent events (stream: true)
+  uint64_t streams_cancelled = 0; // streams whose client went away (engine request cancelled)
+  uint64_t streams_running = 0;   // streamed requests the engine still holds (a gauge)
 };
 
 class GenerationEndpoint {
