@@ -505,7 +505,9 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
             size_t upto = stopped ? text.size()
                                   : envs::StreamableLength(text, req->stop, markers, tools);
             if (tools) upto = std::min(upto, envs::StreamableLength(text, {}, markers, true));
-            if (upto <= cur.emitted) continue;
+            // A choice's first chunk goes out with its first token (the role, and any text).
+            if (upto <= cur.emitted && !cur.first) continue;
+            upto = std::max(upto, cur.emitted);
             if (!send(envs::SseEvent(envs::EncodeStreamDelta(
                     *req, id, created, o.model, i, std::string_view(text).substr(cur.emitted, upto - cur.emitted),
                     cur.first))))
