@@ -59,6 +59,7 @@ struct Stream {
   bool done TROUPE_GUARDED_BY(mu) = false;
   std::vector<engine::GenerationResult> results TROUPE_GUARDED_BY(mu);
   std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool> complete{false};  // [DONE] was written (HTTP thread)
 };
 
 // HTTP-thread state of one stream's choices.
@@ -462,6 +463,7 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
         };
         auto finish = [&](const std::string& last) {
           bool sent = (last.empty() || send(last)) && send(envs::SseDone());
+          if (sent) st->complete = true;
           release();
           if (sent) sink.done();
           return sent;
@@ -548,7 +550,9 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
         return finish("");
       },
       [this, st, release](bool success) {
-        if (!success) {
+        // A client that closes right after [DONE] may fail the chunked encoding's last write:
+        // that stream was complete, not cancelled.
+        if (!success && !st->complete) {
           st->cancel->store(true);  // no-op once the engine finished
           streams_cancelled.fetch_add(1);
         }

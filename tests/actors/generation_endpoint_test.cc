@@ -721,6 +721,36 @@ TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
   EXPECT_EQ(st.attempts, 6u);
 }
 
+// The reference agent with --stream: every model call is a server-sent event stream, the
+// agent rebuilds each reply from the deltas and the last chunk, and its episodes parse and
+// verify against the ledger exactly like non-streamed ones.
+TEST_F(AgentPathTest, StreamingAgentEpisodesVerifyAgainstTheLedger) {
+  envs::testing::ServerProcess streaming{{"python3", TROUPE_AGENT_SERVER, "--max-turns", "3",
+                                          "--max-response-tokens", "100", "--stream"}};
+  ASSERT_TRUE(streaming.ok()) << "agent_server.py --stream did not start";
+  auto client = Client(streaming.Url(""));
+  ASSERT_TRUE(client);
+  size_t turns = 0;
+  for (uint64_t i = 0; i < 3; ++i) {
+    const std::string group = "s" + std::to_string(i);
+    ledger_.Open(group);
+    auto out = client->Run({"ref", Body(group, i)}, Deadline::InMs(120000));
+    ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+    auto ep = envs::ParseAgentResponse(out.body, 160);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString() << "\n" << out.body.substr(0, 400);
+    std::vector<uint64_t> versions;
+    uint64_t oldest = 99;
+    Status v = ledger_.Verify(group, *ep, &versions, &oldest);
+    EXPECT_TRUE(v.ok()) << v.ToString();
+    turns += ep->turns.size();
+    ledger_.Close(group);
+  }
+  auto st = endpoint_->stats();
+  EXPECT_EQ(st.streams, turns) << "every model call streamed";
+  EXPECT_EQ(st.recorded, turns);
+  EXPECT_EQ(st.streams_cancelled, 0u);
+}
+
 TEST_F(AgentPathTest, FaultsBecomeFailuresOfTheirKind) {
   ledger_.Open("f");
   // A perturbed log-prob parses but does not verify.
