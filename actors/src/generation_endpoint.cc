@@ -66,6 +66,7 @@ struct Stream {
 struct StreamCursor {
   size_t seen = 0;     // ids already turned into text
   size_t emitted = 0;  // bytes of text (or content) sent
+  std::string sent;    // the text sent
   bool first = true;   // the next chunk is the choice's first (carries the role)
   bool final_sent = false;
 };
@@ -134,16 +135,15 @@ struct GenerationEndpoint::Impl {
   // One engine result as the response's choice (stop strings applied, tool call parsed);
   // *versions gets the kept tokens' versions. An error for a rejected or aborted result.
   std::optional<ApiError> BuildChoice(const envs::CompletionRequest& r,
-                                      const engine::GenerationResult& gr,
-                                      envs::CompletionChoice* c, std::vector<uint64_t>* versions);
+                                      const engine::GenerationResult& gr, envs::CompletionChoice* c,
+                                      std::vector<uint64_t>* versions);
   // Records a choice for the request's group ("" = none); an error when the group closed.
   std::optional<ApiError> RecordChoice(const std::string& group, const envs::CompletionChoice& c,
                                        std::vector<uint64_t> versions);
   std::string NewCallId();
   void Serve(const httplib::Request& req, httplib::Response& res, bool chat);
-  void ServeStream(const httplib::Request& req, httplib::Response& res,
-                   envs::CompletionRequest r, engine::GenerateRequest g, std::string group,
-                   uint64_t serial);
+  void ServeStream(const httplib::Request& req, httplib::Response& res, envs::CompletionRequest r,
+                   engine::GenerateRequest g, std::string group, uint64_t serial);
   Status Start();
 };
 
@@ -201,7 +201,8 @@ std::optional<ApiError> GenerationEndpoint::Impl::BuildChoice(const envs::Comple
   *versions = gr.token_versions;
   size_t keep = 0;
   bool stopped = false;
-  c->text = GenerationText(r, c->generation_ids, &keep, &stopped, r.logprobs ? &c->tokens : nullptr);
+  c->text =
+      GenerationText(r, c->generation_ids, &keep, &stopped, r.logprobs ? &c->tokens : nullptr);
   if (stopped) c->finish_reason = "stop";
   c->generation_ids.resize(keep);
   c->logprobs.resize(keep);
@@ -421,16 +422,16 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
     st->cv.notify_all();
   };
   streams_running->fetch_add(1);
-  Status s = engine.Submit(std::move(g), [st, running = streams_running](
-                                             std::vector<engine::GenerationResult> out) {
-    {
-      MutexLock l(st->mu);
-      st->results = std::move(out);
-      st->done = true;
-    }
-    st->cv.notify_all();
-    running->fetch_sub(1);
-  });
+  Status s = engine.Submit(
+      std::move(g), [st, running = streams_running](std::vector<engine::GenerationResult> out) {
+        {
+          MutexLock l(st->mu);
+          st->results = std::move(out);
+          st->done = true;
+        }
+        st->cv.notify_all();
+        running->fetch_sub(1);
+      });
   if (!s.ok()) {
     streams_running->fetch_sub(1);
     pending.fetch_sub(1);
@@ -483,8 +484,10 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
               l, std::min(until, Clock::now() + std::chrono::milliseconds(kStreamPollMs)),
               has_news);
           done = st->done;
-          if (done) results = std::move(st->results);
-          else if (fresh) ids = st->ids;
+          if (done)
+            results = std::move(st->results);
+          else if (fresh)
+            ids = st->ids;
         }
         if (!fresh) {
           if (Clock::now() >= until) {
@@ -504,17 +507,20 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
             size_t keep = 0;
             bool stopped = false;
             std::string text = GenerationText(*req, ids[i], &keep, &stopped, nullptr);
-            size_t upto = stopped ? text.size()
-                                  : envs::StreamableLength(text, req->stop, markers, tools);
-            if (tools) upto = std::min(upto, envs::StreamableLength(text, {}, markers, true));
+            // Trailing whitespace waits for what follows: tokenizers that clean up spaces
+            // (" ." -> ".") change it, and with tools it is cut before a call.
+            size_t upto =
+                envs::StreamableLength(text, stopped ? std::vector<std::string>{} : req->stop,
+                                       markers, /*trim_space=*/true);
             // A choice's first chunk goes out with its first token (the role, and any text).
-            if (upto <= cur.emitted && !cur.first) continue;
-            upto = std::max(upto, cur.emitted);
-            if (!send(envs::SseEvent(envs::EncodeStreamDelta(
-                    *req, id, created, o.model, i, std::string_view(text).substr(cur.emitted, upto - cur.emitted),
-                    cur.first))))
+            const std::string delta =
+                upto > cur.emitted ? text.substr(cur.emitted, upto - cur.emitted) : std::string();
+            if (delta.empty() && !cur.first) continue;
+            if (!send(envs::SseEvent(
+                    envs::EncodeStreamDelta(*req, id, created, o.model, i, delta, cur.first))))
               return false;
-            cur.emitted = upto;
+            cur.sent += delta;
+            cur.emitted += delta.size();
             cur.first = false;
           }
           return true;
@@ -536,9 +542,14 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
           StreamCursor& cur = (*cursors)[i];
           const std::string& content = req->chat ? c.MessageContent() : c.text;
           std::string_view rest;
-          if (content.size() >= cur.emitted) rest = std::string_view(content).substr(cur.emitted);
-          if (!send(envs::SseEvent(envs::EncodeStreamFinal(*req, id, created, o.model, i, c, rest,
-                                                           cur.first))))
+          if (content.compare(0, cur.sent.size(), cur.sent) == 0)
+            rest = std::string_view(content).substr(cur.emitted);
+          else
+            TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 2000,
+                                "endpoint: a stream's sent text is not a prefix of its reply "
+                                "(the tokenizer re-decoded it); the deltas differ from content");
+          if (!send(envs::SseEvent(
+                  envs::EncodeStreamFinal(*req, id, created, o.model, i, c, rest, cur.first))))
             return false;
           cur.first = false;
           cur.final_sent = true;

@@ -331,9 +331,8 @@ std::string EncodeStreamFinal(const CompletionRequest& request, const std::strin
                               int64_t created, const std::string& model, size_t index,
                               const CompletionChoice& c, std::string_view rest, bool first) {
   json out = ChunkHead(request, id, created, model);
-  json ch = {{"index", index},
-             {"finish_reason", c.finish_reason},
-             {"logprobs", LogprobsJson(request, c)}};
+  json ch = {
+      {"index", index}, {"finish_reason", c.finish_reason}, {"logprobs", LogprobsJson(request, c)}};
   if (request.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

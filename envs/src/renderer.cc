@@ -247,7 +247,8 @@ Result<std::string> ToolSchemaInstructions(const nlohmann::ordered_json& tools,
       return InvalidArgument("tools[{}].function.name (a string) is required", i);
     ToolSpec spec;
     spec.name = name->get<std::string>();
-    ParsedTurn back = ParseToolCall(FormatToolCall(spec.name, nlohmann::json::object(), format), format);
+    ParsedTurn back =
+        ParseToolCall(FormatToolCall(spec.name, nlohmann::json::object(), format), format);
     if (back.kind != ParsedTurn::Kind::kCall || back.call.name != spec.name)
       return InvalidArgument(
           "tools[{}].function.name '{}' cannot be written in the {} tool-call syntax ({}){}", i,

@@ -332,8 +332,8 @@ Result<std::vector<ToolCall>> ReadToolCalls(const json& tool_calls) {
     if (args != fn.end() && !args->is_null()) {
       if (args->is_string()) {
         const std::string& text = args->get_ref<const std::string&>();
-        call.args = text.empty() ? json::object()
-                                 : json::parse(text, nullptr, /*allow_exceptions=*/false);
+        call.args =
+            text.empty() ? json::object() : json::parse(text, nullptr, /*allow_exceptions=*/false);
       } else {
         call.args = *args;
       }

@@ -7,9 +7,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <mutex>
-#include <cstdio>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -348,8 +348,11 @@ TEST_F(EndpointTest, StructuredToolCallsRenderAsTheRendererWritesThemAndRepliesP
            {{"model", "policy"}, {"prompt", {1, 40}}, {"tools", kTools}, {"max_tokens", 2}});
   EXPECT_EQ(r.status, 400);
   // tool_choice none: the tools are still rendered, the reply is not parsed.
-  json none = {{"model", "policy"}, {"messages", {msgs[0]}}, {"tools", kTools},
-               {"tool_choice", "none"}, {"max_tokens", 4}};
+  json none = {{"model", "policy"},
+               {"messages", {msgs[0]}},
+               {"tools", kTools},
+               {"tool_choice", "none"},
+               {"max_tokens", 4}};
   r = Post("/v1/chat/completions", none);
   ASSERT_EQ(r.status, 200) << r.body.dump();
   EXPECT_FALSE(r.body["choices"][0]["message"].contains("tool_calls"));
@@ -388,18 +391,24 @@ class StreamTest : public EndpointTest {
     one.prompt = {1, 2};
     one.sampling.max_new_tokens = 1;
     Latch in_a, release_a;
-    ASSERT_TRUE(engine_->Submit(one, [&](std::vector<engine::GenerationResult>) {
-                         in_a.Open();
-                         release_a.Wait();
-                       }).ok());
+    ASSERT_TRUE(engine_
+                    ->Submit(one,
+                             [&](std::vector<engine::GenerationResult>) {
+                               in_a.Open();
+                               release_a.Wait();
+                             })
+                    .ok());
     ASSERT_TRUE(in_a.Wait());
     const uint64_t before = engine_->stats().requests;
     start();
     ASSERT_TRUE(Eventually([&] { return engine_->stats().requests > before; }));
-    ASSERT_TRUE(engine_->Submit(one, [held, release, late](std::vector<engine::GenerationResult>) {
-                         held->Open();
-                         if (!release->Wait()) late->store(true);
-                       }).ok());
+    ASSERT_TRUE(engine_
+                    ->Submit(one,
+                             [held, release, late](std::vector<engine::GenerationResult>) {
+                               held->Open();
+                               if (!release->Wait()) late->store(true);
+                             })
+                    .ok());
     release_a.Open();
     ASSERT_TRUE(held->Wait());
   }
@@ -474,8 +483,8 @@ TEST_F(StreamTest, DeltasConcatenateToThePlainReplyAndArriveWhileGenerating) {
       EXPECT_GT(chunks[i], 1) << "choice " << i << " came in one chunk";
       EXPECT_EQ(text[i], chat ? want["message"]["content"] : want["text"]);
       EXPECT_EQ(finals[i]["finish_reason"], want["finish_reason"]);
-      for (const char* f : {"prompt_token_ids", "generation_token_ids", "generation_log_probs",
-                            "policy_version"})
+      for (const char* f :
+           {"prompt_token_ids", "generation_token_ids", "generation_log_probs", "policy_version"})
         EXPECT_EQ(finals[i][f], want[f]) << f;
       completion_tokens += static_cast<int64_t>(want["generation_token_ids"].size());
     }

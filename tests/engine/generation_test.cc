@@ -508,9 +508,8 @@ TEST(GenerationTest, OnTokenStreamsEveryTokenAndCancelFreesTheSlots) {
     seen.at(static_cast<size_t>(sample)).emplace_back(tok, lp);
   };
   std::promise<std::vector<GenerationResult>> done;
-  ASSERT_TRUE(e.Submit(r, [&](std::vector<GenerationResult> out) {
-                 done.set_value(std::move(out));
-               }).ok());
+  ASSERT_TRUE(
+      e.Submit(r, [&](std::vector<GenerationResult> out) { done.set_value(std::move(out)); }).ok());
   auto fut = done.get_future();
   ASSERT_EQ(fut.wait_for(std::chrono::milliseconds(kWaitMs)), std::future_status::ready);
   auto res = fut.get();

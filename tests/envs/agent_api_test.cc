@@ -106,8 +106,8 @@ TEST(OpenAiDecode, EveryRefusalNamesItsFieldAndStatus) {
       {R"({"model":"m","messages":[{"role":"user","content":"q"}],
            "tools":[{"type":"function","function":{"name":"f","parameters":[1]}}]})",
        true, 400, "tools[0].function.parameters"},
-      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":"required"})",
-       true, 400, "tool_choice"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":"required"})", true,
+       400, "tool_choice"},
       {R"({"model":"m","messages":[{"role":"user","content":"q"}],
            "tool_choice":{"type":"function","function":{"name":"f"}}})",
        true, 400, "tool_choice"},
@@ -360,7 +360,8 @@ TEST(OpenAiStream, ChunksAndTheStreamablePrefix) {
   EXPECT_EQ(StreamableLength("a\xc3\xa9", {}, {}, false), 3u);
   EXPECT_EQ(StreamableLength("a\xe2\x82", {}, {}, false), 1u);
   EXPECT_EQ(StreamableLength("<", {}, troupe, false), 0u);
-  EXPECT_EQ(StreamableLength("x {\"name\"", {}, ToolCallMarkers(ToolCallFormat::kLlama3Json), false), 2u);
+  EXPECT_EQ(
+      StreamableLength("x {\"name\"", {}, ToolCallMarkers(ToolCallFormat::kLlama3Json), false), 2u);
 }
 
 TEST(OpenAiEncode, ResponsesCarryTheTrainingFields) {

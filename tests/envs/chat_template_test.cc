@@ -157,8 +157,8 @@ TEST(ChatFormatRenderer, ToolsBecomeToolInstructions) {
   Conversation prompt = {{Role::kUser, "abc"}};
   Result<std::vector<int32_t>> ids = r.RenderPrompt(prompt, tools);
   ASSERT_TRUE(ids.ok()) << ids.status().ToString();
-  std::string instructions = ToolInstructions({{"read", R"({"type":"object"})", "reads a file"},
-                                               {"submit", "{}", ""}});
+  std::string instructions =
+      ToolInstructions({{"read", R"({"type":"object"})", "reads a file"}, {"submit", "{}", ""}});
   EXPECT_EQ(*ids, *r.RenderPrompt({{Role::kSystem, instructions}, {Role::kUser, "abc"}}));
   EXPECT_EQ(*r.RenderPrompt(prompt, nullptr), *r.RenderPrompt(prompt));
   for (const char* bad : {"Read", "read-file", "a_name_that_is_longer_than_32_chars"}) {
@@ -314,7 +314,8 @@ TEST_F(RealTemplates, Qwen3) {
         "description": "Weather", "parameters": {"type": "object"}}}])");
     Result<std::vector<int32_t>> with_tools = r->RenderPrompt(prompt, tools);
     ASSERT_TRUE(with_tools.ok()) << with_tools.status().ToString();
-    std::string tool_text = *copy.Render(ToTemplateMessages(prompt, ToolCallFormat::kHermes), true, tools);
+    std::string tool_text =
+        *copy.Render(ToTemplateMessages(prompt, ToolCallFormat::kHermes), true, tools);
     EXPECT_NE(tool_text.find("get_weather"), std::string::npos);
     EXPECT_EQ(*with_tools, *(*tok)->Encode(tool_text));
     // Multi-turn tool episodes: Hermes calls, the episode's ids equal the demonstration's.

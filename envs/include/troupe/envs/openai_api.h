@@ -71,7 +71,7 @@ struct ApiMessage {
   // Assistant: structured calls (OpenAI's tool_calls); the endpoint writes them after
   // `content` in the model's tool-call syntax (AppendToolCalls) before rendering.
   std::vector<ToolCall> tool_calls;
-  std::string tool_call_id;  // tool: the call it answers (accepted, not rendered)
+  std::string tool_call_id;                   // tool: the call it answers (accepted, not rendered)
   std::vector<int32_t> prompt_token_ids;      // of the reply this message is (assistant only)
   std::vector<int32_t> generation_token_ids;  // the reply's ids (assistant only)
 };
