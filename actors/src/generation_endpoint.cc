@@ -68,7 +68,6 @@ struct StreamCursor {
   size_t emitted = 0;  // bytes of text (or content) sent
   std::string sent;    // the text sent
   bool first = true;   // the next chunk is the choice's first (carries the role)
-  bool final_sent = false;
 };
 
 // How long a stream waits for tokens before checking its client (an SSE comment line).
@@ -552,7 +551,6 @@ void GenerationEndpoint::Impl::ServeStream(const httplib::Request&, httplib::Res
                   envs::EncodeStreamFinal(*req, id, created, o.model, i, c, rest, cur.first))))
             return false;
           cur.first = false;
-          cur.final_sent = true;
           choices.push_back(std::move(c));
         }
         if (req->include_usage &&

@@ -604,7 +604,8 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
     const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
     if (w->batch->cancelled || CancelledByCaller(w->req)) {
       if (w->batch->abort_status.ok())
-        w->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+        w->batch->abort_status = Cancelled(
+            "generation cancelled ({})", w->batch->cancelled ? "deadline passed" : "by the caller");
       EndUnadmitted(*w, FinishReason::kAborted, "cancelled");
       pending.pop_front();
       continue;
@@ -837,7 +838,9 @@ void Engine::Loop::Step() {
     if (slot && !slot->ghost &&
         (slot->work->batch->cancelled || CancelledByCaller(slot->work->req))) {
       if (slot->work->batch->abort_status.ok())
-        slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+        slot->work->batch->abort_status =
+            Cancelled("generation cancelled ({})",
+                      slot->work->batch->cancelled ? "deadline passed" : "by the caller");
       FreeSlot(*slot, FinishReason::kAborted, "cancelled");
     }
   const auto wall0 = std::chrono::steady_clock::now();

@@ -162,7 +162,8 @@ std::optional<ApiError> ReadTools(const json& doc, CompletionRequest* out) {
     for (size_t i = 0; i < tools->size(); ++i) {
       const json& t = (*tools)[i];
       const std::string param = fmt::format("tools[{}]", i);
-      if (!t.is_object() || t.value("type", "function") != "function")
+      const auto type = t.is_object() ? t.find("type") : t.end();
+      if (!t.is_object() || (type != t.end() && !(type->is_string() && *type == "function")))
         return Err(param, "only {\"type\": \"function\", \"function\": {...}} tools are supported");
       auto fn = t.find("function");
       if (fn == t.end() || !fn->is_object())

@@ -100,6 +100,8 @@ TEST(OpenAiDecode, EveryRefusalNamesItsFieldAndStatus) {
        "tools"},
       {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"code"}]})",
        true, 400, "tools[0]"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":3}]})", true,
+       400, "tools[0]"},
       {R"({"model":"m","messages":[{"role":"user","content":"q"}],
            "tools":[{"type":"function","function":{"name":""}}]})",
        true, 400, "tools[0].function.name"},
