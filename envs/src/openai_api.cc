@@ -82,7 +82,9 @@ std::optional<ApiError> ReadContent(const json& v, const std::string& param, std
   for (size_t i = 0; i < v.size(); ++i) {
     const json& p = v[i];
     auto text = p.is_object() ? p.find("text") : p.end();
-    if (!p.is_object() || p.value("type", "") != "text" || text == p.end() || !text->is_string())
+    auto type = p.is_object() ? p.find("type") : p.end();
+    if (!p.is_object() || type == p.end() || !type->is_string() || *type != "text" ||
+        text == p.end() || !text->is_string())
       return Err(fmt::format("{}[{}]", param, i),
                  "only {\"type\": \"text\", \"text\": ...} content parts are supported");
     *out += text->get<std::string>();

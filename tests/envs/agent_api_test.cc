@@ -128,6 +128,8 @@ TEST(OpenAiDecode, EveryRefusalNamesItsFieldAndStatus) {
        "messages[0].role"},
       {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, 400,
        "messages[0].content[0]"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":3,"text":"x"}]}]})", true,
+       400, "messages[0].content[0]"},
       {R"({"model":"m","messages":[{"role":"assistant","content":null,
            "tool_calls":[{"id":"c"}]}]})",
        true, 400, "messages[0].tool_calls"},
