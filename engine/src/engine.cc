@@ -479,6 +479,11 @@ void FinishSeqResult(GenerationResult& out, FinishReason reason, std::string why
   out.reject_reason = std::move(why);
 }
 
+// Whether the caller of a Submit() cancelled it (GenerateRequest::cancel).
+bool CancelledByCaller(const GenerateRequest& req) {
+  return req.cancel && req.cancel->load(std::memory_order_relaxed);
+}
+
 // Token i of a request's context: its prompt, then its response prefix.
 int32_t ContextToken(const GenerateRequest& req, size_t i) {
   return i < req.prompt.size() ? req.prompt[i] : req.response_prefix[i - req.prompt.size()];
@@ -560,6 +565,7 @@ void Engine::Loop::TakeToken(Seq& s, const float* logp_row) {
   ++out.num_new_tokens;
   ++s.new_tokens;
   ++delta.generated_tokens;
+  if (s.work->req.on_token) s.work->req.on_token(out.sample_index, tok, lp);
   if (!std::isfinite(lp)) {
     FreeSlot(s, FinishReason::kAborted,
              fmt::format("non-finite log-prob {} for sampled token {} (broken weights?)", lp, tok));
@@ -596,9 +602,10 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
   while (!pending.empty() && find_free() >= 0) {
     std::shared_ptr<Work> w = pending.front();
     const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
-    if (w->batch->cancelled) {
+    if (w->batch->cancelled || CancelledByCaller(w->req)) {
       if (w->batch->abort_status.ok())
-        w->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+        w->batch->abort_status = Cancelled(
+            "generation cancelled ({})", w->batch->cancelled ? "deadline passed" : "by the caller");
       EndUnadmitted(*w, FinishReason::kAborted, "cancelled");
       pending.pop_front();
       continue;
@@ -828,9 +835,12 @@ void Engine::Loop::Publish(Engine& e) {
 // the CPU fused path, else a padded prefill of the new prompts then one decode step.
 void Engine::Loop::Step() {
   for (auto& slot : slots)
-    if (slot && !slot->ghost && slot->work->batch->cancelled) {
+    if (slot && !slot->ghost &&
+        (slot->work->batch->cancelled || CancelledByCaller(slot->work->req))) {
       if (slot->work->batch->abort_status.ok())
-        slot->work->batch->abort_status = Cancelled("generation cancelled (deadline passed)");
+        slot->work->batch->abort_status =
+            Cancelled("generation cancelled ({})",
+                      slot->work->batch->cancelled ? "deadline passed" : "by the caller");
       FreeSlot(*slot, FinishReason::kAborted, "cancelled");
     }
   const auto wall0 = std::chrono::steady_clock::now();

@@ -82,7 +82,9 @@ std::optional<ApiError> ReadContent(const json& v, const std::string& param, std
   for (size_t i = 0; i < v.size(); ++i) {
     const json& p = v[i];
     auto text = p.is_object() ? p.find("text") : p.end();
-    if (!p.is_object() || p.value("type", "") != "text" || text == p.end() || !text->is_string())
+    auto type = p.is_object() ? p.find("type") : p.end();
+    if (!p.is_object() || type == p.end() || !type->is_string() || *type != "text" ||
+        text == p.end() || !text->is_string())
       return Err(fmt::format("{}[{}]", param, i),
                  "only {\"type\": \"text\", \"text\": ...} content parts are supported");
     *out += text->get<std::string>();
@@ -121,11 +123,16 @@ std::optional<ApiError> ReadMessages(const json& doc, const ApiLimits& limits,
       if (auto e = ReadContent(*content, param + ".content", &am.message.content)) return e;
     auto calls = m.find("tool_calls");
     if (calls != m.end() && !calls->is_null() && !(calls->is_array() && calls->empty())) {
-      auto e = Err(param + ".tool_calls",
-                   "structured tool_calls are not accepted: send the reply's text (the model's "
-                   "tool-call syntax) as content");
-      e->status = 422;
-      return e;
+      if (am.message.role != Role::kAssistant)
+        return Err(param + ".tool_calls", "only assistant messages carry tool_calls");
+      auto parsed_calls = ReadToolCalls(*calls);
+      if (!parsed_calls.ok()) return Err(param + ".tool_calls", parsed_calls.status().message());
+      am.tool_calls = std::move(parsed_calls).value();
+    }
+    auto call_id = m.find("tool_call_id");
+    if (call_id != m.end() && !call_id->is_null()) {
+      if (!call_id->is_string()) return Err(param + ".tool_call_id", "must be a string");
+      am.tool_call_id = call_id->get<std::string>();
     }
     if (am.message.role == Role::kAssistant) {
       auto p = m.find("prompt_token_ids");
@@ -146,6 +153,43 @@ std::optional<ApiError> ReadMessages(const json& doc, const ApiLimits& limits,
     out->push_back(std::move(am));
   }
   return std::nullopt;
+}
+
+// tools, tool_choice: schemas are checked for shape here, rendered by the endpoint.
+std::optional<ApiError> ReadTools(const json& doc, CompletionRequest* out) {
+  auto tools = doc.find("tools");
+  if (tools != doc.end() && !tools->is_null()) {
+    if (!out->chat) return Err("tools", "'tools' is a chat completions field");
+    if (!tools->is_array()) return Err("tools", "'tools' must be a list of function schemas");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string param = fmt::format("tools[{}]", i);
+      const auto type = t.is_object() ? t.find("type") : t.end();
+      if (!t.is_object() || (type != t.end() && !(type->is_string() && *type == "function")))
+        return Err(param, "only {\"type\": \"function\", \"function\": {...}} tools are supported");
+      auto fn = t.find("function");
+      if (fn == t.end() || !fn->is_object())
+        return Err(param + ".function", "a function schema (an object) is required");
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
+        return Err(param + ".function.name", "a non-empty string is required");
+      auto params = fn->find("parameters");
+      if (params != fn->end() && !params->is_null() && !params->is_object())
+        return Err(param + ".function.parameters", "must be a JSON schema object");
+    }
+    if (!tools->empty()) out->tools = nlohmann::ordered_json::parse(tools->dump());
+  }
+  auto choice = doc.find("tool_choice");
+  if (choice == doc.end() || choice->is_null()) return std::nullopt;
+  if (choice->is_string() && (*choice == "auto" || *choice == "none")) {
+    out->tool_choice = choice->get<std::string>();
+    return std::nullopt;
+  }
+  if ((choice->is_string() && *choice == "required") || choice->is_object())
+    return Err("tool_choice",
+               "only \"auto\" and \"none\" are supported: forcing a call (\"required\" or a named "
+               "function) needs constrained decoding, which this endpoint does not do");
+  return Err("tool_choice", "'tool_choice' must be \"auto\" or \"none\"");
 }
 
 std::optional<ApiError> ReadStop(const json& doc, const ApiLimits& limits,
@@ -209,7 +253,158 @@ json LogprobsJson(const CompletionRequest& req, const CompletionChoice& c) {
   return lp;
 }
 
+json ToolCallsJson(const CompletionChoice& c, bool with_index) {
+  json calls = json::array();
+  for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+    const auto& tc = c.tool_calls[k];
+    json one = {{"id", tc.id},
+                {"type", "function"},
+                {"function", {{"name", tc.call.name}, {"arguments", SafeDump(tc.call.args)}}}};
+    if (with_index) one["index"] = k;
+    calls.push_back(std::move(one));
+  }
+  return calls;
+}
+
+json TrainingFields(const CompletionChoice& c) {
+  return {{"prompt_token_ids", c.prompt_ids},
+          {"generation_token_ids", c.generation_ids},
+          {"generation_log_probs", c.logprobs},
+          {"policy_version", c.policy_version}};
+}
+
+json ChunkHead(const CompletionRequest& request, const std::string& id, int64_t created,
+               const std::string& model) {
+  return {{"id", id},
+          {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", model}};
+}
+
+bool IsSpace(char ch) {
+  return ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r';
+}
+
 }  // namespace
+
+const std::string& CompletionChoice::MessageContent() const {
+  static const std::string kEmpty;
+  if (tool_calls.empty()) return text;
+  return content ? *content : kEmpty;
+}
+
+void ShapeToolCall(CompletionChoice* choice, ToolCallFormat format, std::string call_id) {
+  ParsedTurn turn = ParseToolCall(choice->text, format);
+  if (turn.kind != ParsedTurn::Kind::kCall) return;
+  std::string before = choice->text.substr(0, std::min(turn.begin, choice->text.size()));
+  while (!before.empty() && IsSpace(before.back())) before.pop_back();
+  choice->content = before.empty() ? std::nullopt : std::optional<std::string>(std::move(before));
+  choice->tool_calls = {CompletionChoice::Call{std::move(call_id), std::move(turn.call)}};
+  choice->finish_reason = "tool_calls";
+}
+
+std::string SseEvent(std::string_view json) {
+  std::string out = "data: ";
+  out.append(json);
+  out += "\n\n";
+  return out;
+}
+
+std::string SseDone() {
+  return "data: [DONE]\n\n";
+}
+
+std::string EncodeStreamDelta(const CompletionRequest& request, const std::string& id,
+                              int64_t created, const std::string& model, size_t index,
+                              std::string_view text, bool first) {
+  json out = ChunkHead(request, id, created, model);
+  json ch = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (request.chat) {
+    json delta = {{"content", std::string(text)}};
+    if (first) delta["role"] = "assistant";
+    ch["delta"] = std::move(delta);
+  } else {
+    ch["text"] = std::string(text);
+  }
+  out["choices"] = json::array({std::move(ch)});
+  return SafeDump(out);
+}
+
+std::string EncodeStreamFinal(const CompletionRequest& request, const std::string& id,
+                              int64_t created, const std::string& model, size_t index,
+                              const CompletionChoice& c, std::string_view rest, bool first) {
+  json out = ChunkHead(request, id, created, model);
+  json ch = {
+      {"index", index}, {"finish_reason", c.finish_reason}, {"logprobs", LogprobsJson(request, c)}};
+  if (request.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!rest.empty()) delta["content"] = std::string(rest);
+    if (!c.tool_calls.empty()) delta["tool_calls"] = ToolCallsJson(c, /*with_index=*/true);
+    ch["delta"] = std::move(delta);
+  } else {
+    ch["text"] = std::string(rest);
+  }
+  ch.update(TrainingFields(c));
+  out["choices"] = json::array({std::move(ch)});
+  out["policy_version"] = c.policy_version;
+  return SafeDump(out);
+}
+
+std::string EncodeStreamUsage(const CompletionRequest& request, const std::string& id,
+                              int64_t created, const std::string& model,
+                              const std::vector<CompletionChoice>& choices) {
+  json out = ChunkHead(request, id, created, model);
+  out["choices"] = json::array();
+  int64_t completion_tokens = 0;
+  for (const auto& c : choices) completion_tokens += static_cast<int64_t>(c.generation_ids.size());
+  int64_t prompt_tokens = choices.empty() ? 0 : static_cast<int64_t>(choices[0].prompt_ids.size());
+  out["usage"] = {{"prompt_tokens", prompt_tokens},
+                  {"completion_tokens", completion_tokens},
+                  {"total_tokens", prompt_tokens + completion_tokens}};
+  return SafeDump(out);
+}
+
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return {"<tool_call>"};
+    case ToolCallFormat::kLlama3Json:
+      return {"{", "<|python_tag|>"};
+    case ToolCallFormat::kTroupe:
+      break;
+  }
+  return {kToolOpen};
+}
+
+size_t StreamableLength(std::string_view text, const std::vector<std::string>& stop,
+                        const std::vector<std::string_view>& markers, bool trim_space) {
+  size_t n = text.size();
+  for (std::string_view m : markers) n = std::min(n, text.find(m));
+  // A tail that is a proper prefix of a marker or a stop string may still become one.
+  auto hold_prefixes_of = [&](std::string_view s) {
+    for (size_t k = std::min(s.size() - 1, n); k > 0; --k)
+      if (text.substr(n - k, k) == s.substr(0, k)) {
+        n -= k;
+        return;
+      }
+  };
+  for (std::string_view m : markers)
+    if (!m.empty()) hold_prefixes_of(m);
+  for (const std::string& st : stop)
+    if (!st.empty()) hold_prefixes_of(st);
+  // An incomplete UTF-8 character at the end (its lead byte says how long it is).
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto ch = static_cast<unsigned char>(text[n - back]);
+    if ((ch & 0xC0) == 0x80) continue;  // continuation byte
+    const size_t len = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
+    if (len > back) n -= back;
+    break;
+  }
+  if (trim_space)
+    while (n > 0 && IsSpace(text[n - 1])) --n;
+  return n;
+}
 
 std::string ApiError::Json() const {
   json e = {{"message", message},
@@ -278,9 +473,24 @@ std::optional<ApiError> DecodeCompletionRequest(std::string_view body, bool chat
     out->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
                                            : static_cast<uint64_t>(seed->get<int64_t>());
   }
+  if (auto e = ReadTools(doc, out)) return e;
   auto stream = doc.find("stream");
-  if (stream != doc.end() && stream->is_boolean() && stream->get<bool>())
-    return BadRequest("stream", "streaming responses are not supported");
+  if (stream != doc.end() && !stream->is_null()) {
+    if (!stream->is_boolean()) return BadRequest("stream", "'stream' must be a boolean");
+    out->stream = stream->get<bool>();
+  }
+  auto so = doc.find("stream_options");
+  if (so != doc.end() && !so->is_null()) {
+    if (!so->is_object()) return BadRequest("stream_options", "'stream_options' must be an object");
+    if (!out->stream)
+      return BadRequest("stream_options", "'stream_options' is only allowed with stream: true");
+    auto usage = so->find("include_usage");
+    if (usage != so->end() && !usage->is_null()) {
+      if (!usage->is_boolean())
+        return BadRequest("stream_options.include_usage", "must be a boolean");
+      out->include_usage = usage->get<bool>();
+    }
+  }
   return std::nullopt;
 }
 
@@ -298,14 +508,15 @@ std::string EncodeCompletionResponse(const CompletionRequest& request, const std
     const CompletionChoice& c = choices[i];
     completion_tokens += static_cast<int64_t>(c.generation_ids.size());
     version = std::min(version, c.policy_version);
-    json train = {{"prompt_token_ids", c.prompt_ids},
-                  {"generation_token_ids", c.generation_ids},
-                  {"generation_log_probs", c.logprobs},
-                  {"policy_version", c.policy_version}};
+    json train = TrainingFields(c);
     json ch = {
         {"index", i}, {"finish_reason", c.finish_reason}, {"logprobs", LogprobsJson(request, c)}};
     if (request.chat) {
       json msg = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        msg["content"] = c.content ? json(*c.content) : json(nullptr);
+        msg["tool_calls"] = ToolCallsJson(c, /*with_index=*/false);
+      }
       msg.update(train);
       ch["message"] = std::move(msg);
     } else {

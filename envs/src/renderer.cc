@@ -1,5 +1,8 @@
 #include "troupe/envs/renderer.h"
 
+#include "troupe/core/text.h"
+#include "troupe/envs/environment.h"
+
 namespace troupe::envs {
 
 using ojson = nlohmann::ordered_json;
@@ -225,11 +228,54 @@ std::string Renderer::MessageText(const Message& m) const {
   return m.content;
 }
 
-Result<std::string> Renderer::RenderPromptText(const Conversation& messages) const {
+namespace {
+
+// The tool instructions of OpenAI function schemas (ToolInstructions' shape), checking that
+// every name can be written, and parsed back, in `format`.
+Result<std::string> ToolSchemaInstructions(const nlohmann::ordered_json& tools,
+                                           ToolCallFormat format) {
+  if (!tools.is_array()) return InvalidArgument("tools must be a list of function schemas");
+  std::vector<ToolSpec> specs;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const auto& t = tools[i];
+    const auto fn = t.is_object() ? t.find("function") : t.end();
+    if (!t.is_object() || fn == t.end() || !fn->is_object())
+      return InvalidArgument("tools[{}] must be {{\"type\": \"function\", \"function\": {{...}}}}",
+                             i);
+    const auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string())
+      return InvalidArgument("tools[{}].function.name (a string) is required", i);
+    ToolSpec spec;
+    spec.name = name->get<std::string>();
+    ParsedTurn back =
+        ParseToolCall(FormatToolCall(spec.name, nlohmann::json::object(), format), format);
+    if (back.kind != ParsedTurn::Kind::kCall || back.call.name != spec.name)
+      return InvalidArgument(
+          "tools[{}].function.name '{}' cannot be written in the {} tool-call syntax ({}){}", i,
+          Printable(spec.name, 64), ToolCallFormatName(format), ToolCallSyntax(format),
+          back.error.empty() ? "" : ": " + back.error);
+    const auto params = fn->find("parameters");
+    spec.usage = params == fn->end() || params->is_null() ? "{}" : params->dump();
+    const auto desc = fn->find("description");
+    if (desc != fn->end() && desc->is_string()) spec.description = desc->get<std::string>();
+    specs.push_back(std::move(spec));
+  }
+  return ToolInstructions(specs);
+}
+
+}  // namespace
+
+Result<std::string> Renderer::RenderPromptText(const Conversation& messages,
+                                               const nlohmann::ordered_json& tools) const {
   if (template_)
     return template_->tpl.Render(ToTemplateMessages(messages, template_->format),
-                                 /*add_generation_prompt=*/true);
+                                 /*add_generation_prompt=*/true, tools);
   std::string text;
+  if (!tools.is_null()) {
+    Result<std::string> instructions = ToolSchemaInstructions(tools, ToolCallFormat::kTroupe);
+    if (!instructions.ok()) return instructions.status();
+    text += MessageText(Message{Role::kSystem, *instructions});
+  }
   for (const auto& m : messages) text += MessageText(m);
   return text + format_.assistant_prefix;
 }
@@ -240,7 +286,12 @@ std::string Renderer::PromptText(const Conversation& messages) const {
 }
 
 Result<std::vector<int32_t>> Renderer::RenderPrompt(const Conversation& messages) const {
-  Result<std::string> text = RenderPromptText(messages);
+  return RenderPrompt(messages, nullptr);
+}
+
+Result<std::vector<int32_t>> Renderer::RenderPrompt(const Conversation& messages,
+                                                    const nlohmann::ordered_json& tools) const {
+  Result<std::string> text = RenderPromptText(messages, tools);
   if (!text.ok()) return text.status().WithContext("rendering the prompt");
   Result<std::vector<int32_t>> ids = tokenizer_.Encode(*text, format_.add_bos, false);
   if (!ids.ok()) return ids.status().WithContext("rendering the prompt");

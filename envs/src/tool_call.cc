@@ -312,6 +312,50 @@ std::string FormatToolCall(std::string_view name, const json& args, ToolCallForm
   return out;
 }
 
+Result<std::vector<ToolCall>> ReadToolCalls(const json& tool_calls) {
+  if (!tool_calls.is_array()) return InvalidArgument("tool_calls must be a list");
+  std::vector<ToolCall> out;
+  for (size_t i = 0; i < tool_calls.size(); ++i) {
+    const json& c = tool_calls[i];
+    if (!c.is_object()) return InvalidArgument("tool_calls[{}] must be an object", i);
+    auto fn_it = c.find("function");
+    const bool nested = fn_it != c.end();
+    const json& fn = nested ? *fn_it : c;
+    const std::string where = fmt::format("tool_calls[{}]{}", i, nested ? ".function" : "");
+    if (!fn.is_object()) return InvalidArgument("{} must be an object", where);
+    auto name = fn.find("name");
+    if (name == fn.end() || !name->is_string() || name->get<std::string>().empty())
+      return InvalidArgument("{}.name (a non-empty string) is required", where);
+    ToolCall call;
+    call.name = name->get<std::string>();
+    auto args = fn.find("arguments");
+    if (args != fn.end() && !args->is_null()) {
+      if (args->is_string()) {
+        const std::string& text = args->get_ref<const std::string&>();
+        call.args =
+            text.empty() ? json::object() : json::parse(text, nullptr, /*allow_exceptions=*/false);
+      } else {
+        call.args = *args;
+      }
+      if (!call.args.is_object())
+        return InvalidArgument("{}.arguments is not a JSON object (nor a string holding one)",
+                               where);
+    }
+    call.canonical = call.name + " " + SafeDump(call.args);
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+std::string AppendToolCalls(std::string content, const std::vector<ToolCall>& calls,
+                            ToolCallFormat format) {
+  for (const ToolCall& call : calls) {
+    if (!content.empty() && format != ToolCallFormat::kLlama3Json) content += "\n";
+    content += FormatToolCall(call.name, call.args, format);
+  }
+  return content;
+}
+
 std::string RewriteToolCalls(std::string_view text, ToolCallFormat format) {
   if (format == ToolCallFormat::kTroupe) return std::string(text);
   const std::string generic = ToolCallSyntax(ToolCallFormat::kTroupe);

@@ -37,21 +37,9 @@ Result<envs::Message> ToMessage(const ojson& m, size_t index, envs::ToolCallForm
     out.content = m["content"].get<std::string>();
   }
   if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
-    for (const auto& call : m["tool_calls"]) {
-      const ojson& fn = call.contains("function") ? call["function"] : call;
-      if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string())
-        return InvalidArgument("message {}: a tool call has no function name", index);
-      nlohmann::json args = nlohmann::json::object();
-      if (fn.contains("arguments")) {
-        const ojson& a = fn["arguments"];
-        args = a.is_string() ? nlohmann::json::parse(a.get<std::string>(), nullptr, false)
-                             : nlohmann::json::parse(a.dump());
-        if (!args.is_object())
-          return InvalidArgument("message {}: tool call arguments are not a JSON object", index);
-      }
-      std::string text = envs::FormatToolCall(fn["name"].get<std::string>(), args, format);
-      out.content += (out.content.empty() || format == envs::ToolCallFormat::kLlama3Json ? "" : "\n") + text;
-    }
+    auto calls = envs::ReadToolCalls(nlohmann::json::parse(m["tool_calls"].dump()));
+    if (!calls.ok()) return calls.status().WithContext(fmt::format("message {}", index));
+    out.content = envs::AppendToolCalls(std::move(out.content), *calls, format);
   }
   return out;
 }

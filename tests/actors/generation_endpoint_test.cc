@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -68,6 +71,93 @@ Reply Http(const std::string& url, const std::string* body, const std::string& t
   curl_easy_cleanup(h);
   r.body = json::parse(out, nullptr, false);
   return r;
+}
+
+// A streamed (server-sent events) request: every "data: " payload is handed to `on_event`
+// as it arrives (JSON, or the string "[DONE]"); returning false hangs up.
+struct Streamed {
+  long status = 0;
+  std::vector<json> events;
+  std::string content_type;
+};
+struct StreamSink {
+  std::string buf;
+  Streamed* out;
+  std::function<bool(const json&)> on_event;
+};
+size_t OnStreamBytes(char* d, size_t s, size_t n, void* u) {
+  auto* sink = static_cast<StreamSink*>(u);
+  sink->buf.append(d, s * n);
+  size_t end;
+  while ((end = sink->buf.find("\n\n")) != std::string::npos) {
+    std::string event = sink->buf.substr(0, end);
+    sink->buf.erase(0, end + 2);
+    if (event.rfind("data: ", 0) != 0) continue;  // SSE comments
+    std::string data = event.substr(6);
+    json j = data == "[DONE]" ? json("[DONE]") : json::parse(data, nullptr, false);
+    sink->out->events.push_back(j);
+    if (sink->on_event && !sink->on_event(j)) return 0;  // hang up
+  }
+  return s * n;
+}
+Streamed StreamHttp(const std::string& url, const json& body,
+                    std::function<bool(const json&)> on_event = nullptr) {
+  Streamed r;
+  StreamSink sink{"", &r, std::move(on_event)};
+  std::string b = body.dump();
+  CURL* h = curl_easy_init();
+  curl_slist* hdr = curl_slist_append(nullptr, "Content-Type: application/json");
+  hdr = curl_slist_append(hdr, "Authorization: Bearer s3cret");
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_PROXY, "");
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 120000L);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, b.data());
+  curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(b.size()));
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, OnStreamBytes);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &sink);
+  curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+  char* ct = nullptr;
+  curl_easy_getinfo(h, CURLINFO_CONTENT_TYPE, &ct);
+  if (ct) r.content_type = ct;
+  curl_slist_free_all(hdr);
+  curl_easy_cleanup(h);
+  return r;
+}
+
+// A latch with a bounded wait, and whether it is open.
+class Latch {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool Wait(int64_t ms = 60000) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::milliseconds(ms), [&] { return open_; });
+  }
+  bool IsOpen() {
+    std::lock_guard<std::mutex> l(mu_);
+    return open_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Polls `cond` (bounded): the state it waits for is set by other threads with no event to
+// wait on from here.
+bool Eventually(const std::function<bool()>& cond, int64_t ms = 60000) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 class EndpointTest : public ::testing::Test {
@@ -182,6 +272,275 @@ TEST_F(EndpointTest, ChatRendersMessagesAndCarriedIdsExtendTheEarlierTurn) {
   ASSERT_TRUE(env.ok());
   want.insert(want.end(), env->begin(), env->end());
   EXPECT_EQ(second.body["choices"][0]["message"]["prompt_token_ids"], json(want));
+}
+
+const json kTools = json::parse(R"([{"type": "function", "function": {"name": "get",
+    "description": "reads k", "parameters": {"type": "object"}}}])");
+
+// Decoded visible text of generated ids (what the non-streamed reply's text is).
+std::string VisibleText(const engine::Tokenizer& tok, const json& ids) {
+  std::vector<int32_t> visible;
+  for (int32_t id : ids.get<std::vector<int32_t>>())
+    if (!tok.IsSpecial(id)) visible.push_back(id);
+  auto text = tok.Decode(visible);
+  return text.ok() ? *text : "";
+}
+
+TEST_F(EndpointTest, StructuredToolCallsRenderAsTheRendererWritesThemAndRepliesParse) {
+  json msgs = json::parse(R"([{"role": "user", "content": "abc"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get", "arguments": "{\"k\": \"x\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "out"}])");
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    Reply r = Post("/v1/chat/completions", {{"model", "policy"},
+                                            {"messages", msgs},
+                                            {"tools", kTools},
+                                            {"max_tokens", 12},
+                                            {"seed", seed}});
+    ASSERT_EQ(r.status, 200) << r.body.dump();
+    // The tools are rendered as tool instructions; the structured call in Troupe's syntax.
+    auto opening = renderer_->RenderPrompt({{envs::Role::kUser, "abc"}},
+                                           nlohmann::ordered_json::parse(kTools.dump()));
+    ASSERT_TRUE(opening.ok()) << opening.status().ToString();
+    EXPECT_NE(*opening, *renderer_->RenderPrompt({{envs::Role::kUser, "abc"}}));
+    auto calls = envs::ReadToolCalls(msgs[1]["tool_calls"]);
+    ASSERT_TRUE(calls.ok());
+    auto reply = renderer_->RenderAssistantTurn(
+        envs::AppendToolCalls("", *calls, envs::ToolCallFormat::kTroupe));
+    auto env = renderer_->RenderToolTurn("out");
+    ASSERT_TRUE(reply.ok() && env.ok());
+    std::vector<int32_t> want = *opening;
+    want.insert(want.end(), reply->begin(), reply->end());
+    want.insert(want.end(), env->begin(), env->end());
+    const json& choice = r.body["choices"][0];
+    const json& m = choice["message"];
+    EXPECT_EQ(m["prompt_token_ids"], json(want));
+    // The reply is shaped by what its text parses to.
+    const std::string text = VisibleText(*tokenizer_, m["generation_token_ids"]);
+    envs::ParsedTurn turn = envs::ParseToolCall(text);
+    if (turn.kind == envs::ParsedTurn::Kind::kCall) {
+      EXPECT_EQ(choice["finish_reason"], "tool_calls");
+      EXPECT_EQ(m["tool_calls"][0]["function"]["name"], turn.call.name);
+    } else {
+      EXPECT_EQ(m["content"], text);
+      EXPECT_FALSE(m.contains("tool_calls"));
+      EXPECT_NE(choice["finish_reason"], "tool_calls");
+    }
+  }
+  // Refusals: a forced call (no constrained decoding), a tool name Troupe's syntax cannot
+  // write, tools on the completions route.
+  json required = {{"model", "policy"}, {"messages", {msgs[0]}}, {"tools", kTools}};
+  required["tool_choice"] = "required";
+  Reply r = Post("/v1/chat/completions", required);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "tool_choice");
+  required["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get"}}}};
+  r = Post("/v1/chat/completions", required);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "tool_choice");
+  json bad_name = {{"model", "policy"}, {"messages", {msgs[0]}}, {"tools", kTools}};
+  bad_name["tools"][0]["function"]["name"] = "Get-Weather";
+  r = Post("/v1/chat/completions", bad_name);
+  EXPECT_EQ(r.status, 422) << r.body.dump();
+  EXPECT_EQ(r.body["error"]["param"], "tools");
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find("Get-Weather"), std::string::npos);
+  r = Post("/v1/completions",
+           {{"model", "policy"}, {"prompt", {1, 40}}, {"tools", kTools}, {"max_tokens", 2}});
+  EXPECT_EQ(r.status, 400);
+  // tool_choice none: the tools are still rendered, the reply is not parsed.
+  json none = {{"model", "policy"},
+               {"messages", {msgs[0]}},
+               {"tools", kTools},
+               {"tool_choice", "none"},
+               {"max_tokens", 4}};
+  r = Post("/v1/chat/completions", none);
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_FALSE(r.body["choices"][0]["message"].contains("tool_calls"));
+}
+
+// Streaming on a second endpoint of the same engine that stops only at max_tokens (no EOS
+// stop), so every reply is long enough to stream.
+class StreamTest : public EndpointTest {
+ protected:
+  void SetUp() override {
+    EndpointTest::SetUp();
+    if (HasFatalFailure()) return;
+    GenerationEndpointOptions o;
+    o.model = "policy";
+    o.token = "s3cret";
+    o.threads = 4;
+    auto ep = GenerationEndpoint::Start(*engine_, *renderer_, ledger_, o, nullptr);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    streaming_ = std::move(ep).value();
+  }
+  void TearDown() override {
+    streaming_.reset();
+    EndpointTest::TearDown();
+  }
+  std::string Url(const std::string& path) {
+    return "http://127.0.0.1:" + std::to_string(streaming_->port()) + path;
+  }
+  // Holds the engine thread (a one-token request whose callback waits on `release`) once
+  // the streamed request `start` submits has sampled exactly its first token: a request A
+  // holds the engine while the stream is queued, B is queued behind it and finishes in the
+  // step that samples the stream's first token.
+  // *late is set when `release` was not opened within its bound (the engine then goes on).
+  void HoldAfterFirstToken(const std::function<void()>& start, Latch* held, Latch* release,
+                           std::atomic<bool>* late) {
+    engine::GenerateRequest one;
+    one.prompt = {1, 2};
+    one.sampling.max_new_tokens = 1;
+    Latch in_a, release_a;
+    ASSERT_TRUE(engine_
+                    ->Submit(one,
+                             [&](std::vector<engine::GenerationResult>) {
+                               in_a.Open();
+                               release_a.Wait();
+                             })
+                    .ok());
+    ASSERT_TRUE(in_a.Wait());
+    const uint64_t before = engine_->stats().requests;
+    start();
+    ASSERT_TRUE(Eventually([&] { return engine_->stats().requests > before; }));
+    ASSERT_TRUE(engine_
+                    ->Submit(one,
+                             [held, release, late](std::vector<engine::GenerationResult>) {
+                               held->Open();
+                               if (!release->Wait()) late->store(true);
+                             })
+                    .ok());
+    release_a.Open();
+    ASSERT_TRUE(held->Wait());
+  }
+  std::unique_ptr<GenerationEndpoint> streaming_;
+};
+
+TEST_F(StreamTest, DeltasConcatenateToThePlainReplyAndArriveWhileGenerating) {
+  const uint64_t seed = Seed() % 1000;
+  for (bool chat : {true, false}) {
+    json req = {{"model", "policy"}, {"max_tokens", 10}, {"seed", seed}, {"n", 2}};
+    if (chat)
+      req["messages"] = {{{"role", "user"}, {"content", "abc"}}};
+    else
+      req["prompt"] = {1, 40, 41, 42};
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    const std::string body = req.dump();
+    Reply plain = Http(Url(path), &body, "s3cret");
+    ASSERT_EQ(plain.status, 200) << plain.body.dump();
+    json sreq = req;
+    sreq["stream"] = true;
+    sreq["stream_options"] = {{"include_usage", true}};
+    // The first chunk leaves while the engine is held after the first token: the client
+    // releases the engine when it gets it, so it must come before the rest is sampled.
+    Latch held, release;
+    std::atomic<bool> late{false};
+    Streamed st;
+    std::thread client;
+    HoldAfterFirstToken(
+        [&] {
+          client = std::thread([&] {
+            st = StreamHttp(Url(path), sreq, [&](const json&) {
+              release.Open();
+              return true;
+            });
+          });
+        },
+        &held, &release, &late);
+    client.join();
+    ASSERT_EQ(st.status, 200);
+    EXPECT_NE(st.content_type.find("text/event-stream"), std::string::npos);
+    EXPECT_FALSE(late) << "no chunk arrived while the engine was held after the first token";
+    ASSERT_GE(st.events.size(), 4u);  // >= one delta per choice, two finals, usage, [DONE]
+    EXPECT_EQ(st.events.back(), "[DONE]");
+    std::vector<std::string> text(2);
+    std::vector<int> chunks(2, 0);
+    std::vector<json> finals(2);
+    json usage;
+    for (size_t k = 0; k + 1 < st.events.size(); ++k) {
+      const json& e = st.events[k];
+      ASSERT_TRUE(e.is_object()) << e.dump();
+      EXPECT_EQ(e["object"], chat ? "chat.completion.chunk" : "text_completion");
+      if (e["choices"].empty()) {
+        usage = e["usage"];
+        continue;
+      }
+      const json& c = e["choices"][0];
+      const size_t i = c["index"].get<size_t>();
+      ASSERT_LT(i, 2u);
+      EXPECT_TRUE(finals[i].is_null()) << "a chunk after the final one of choice " << i;
+      const json piece = chat ? c.at("delta").value("content", json()) : c.value("text", json());
+      if (piece.is_string()) text[i] += piece.get<std::string>();
+      if (chat && chunks[i] == 0) {
+        EXPECT_EQ(c.at("delta").value("role", ""), "assistant");
+      }
+      ++chunks[i];
+      if (!c["finish_reason"].is_null()) finals[i] = c;
+    }
+    int64_t completion_tokens = 0;
+    for (size_t i = 0; i < 2; ++i) {
+      const json& want = plain.body["choices"][i];
+      ASSERT_FALSE(finals[i].is_null());
+      EXPECT_GT(chunks[i], 1) << "choice " << i << " came in one chunk";
+      EXPECT_EQ(text[i], chat ? want["message"]["content"] : want["text"]);
+      EXPECT_EQ(finals[i]["finish_reason"], want["finish_reason"]);
+      for (const char* f :
+           {"prompt_token_ids", "generation_token_ids", "generation_log_probs", "policy_version"})
+        EXPECT_EQ(finals[i][f], want[f]) << f;
+      completion_tokens += static_cast<int64_t>(want["generation_token_ids"].size());
+    }
+    EXPECT_EQ(usage["completion_tokens"], completion_tokens);
+  }
+  EXPECT_EQ(streaming_->stats().streams, 2u);
+  EXPECT_EQ(streaming_->stats().streams_cancelled, 0u);
+}
+
+TEST_F(StreamTest, AClientThatHangsUpCancelsItsRequestAndTheGroupKeepsItsLedger) {
+  ledger_.Open("grp");
+  json req = {{"model", "policy"}, {"prompt", {1, 40, 41}}, {"max_tokens", 120}, {"stream", true}};
+  Latch held, release;
+  std::atomic<bool> late{false};
+  Streamed st;
+  std::thread client;
+  HoldAfterFirstToken(
+      [&] {
+        client = std::thread([&] {
+          st = StreamHttp(Url("/g/grp/v1/completions"), req, [](const json&) { return false; });
+        });
+      },
+      &held, &release, &late);
+  client.join();  // hung up on the first chunk, while the engine is held
+  ASSERT_EQ(st.events.size(), 1u);
+  // The endpoint notices (its next write fails) and cancels; the engine frees the slot.
+  EXPECT_TRUE(Eventually([&] { return streaming_->stats().streams_cancelled == 1; }));
+  release.Open();
+  EXPECT_FALSE(late);
+  EXPECT_TRUE(Eventually([&] { return streaming_->stats().streams_running == 0; }));
+  // Far fewer than 120 tokens were sampled: the request was cancelled, not run out.
+  EXPECT_LT(engine_->stats().generated_tokens, 20u);
+  EXPECT_EQ(streaming_->stats().recorded, 0u);  // the client never saw it
+  // The endpoint keeps serving the group: a streamed reply is recorded like a plain one, and
+  // the agent's episode built from it verifies.
+  req["max_tokens"] = 5;
+  Streamed again = StreamHttp(Url("/g/grp/v1/completions"), req);
+  ASSERT_EQ(again.status, 200);
+  ASSERT_GE(again.events.size(), 2u);
+  EXPECT_EQ(again.events.back(), "[DONE]");
+  const json& fin = again.events[again.events.size() - 2]["choices"][0];
+  EXPECT_EQ(fin["generation_token_ids"].size(), 5u);
+  EXPECT_EQ(streaming_->stats().recorded, 1u);
+  envs::AgentEpisode ep;
+  envs::AgentTurn turn;
+  turn.prompt_ids = fin["prompt_token_ids"].get<std::vector<int32_t>>();
+  turn.generation_ids = fin["generation_token_ids"].get<std::vector<int32_t>>();
+  turn.logprobs = fin["generation_log_probs"].get<std::vector<float>>();
+  ep.turns.push_back(turn);
+  std::vector<uint64_t> versions;
+  uint64_t oldest = 0;
+  Status verified = ledger_.Verify("grp", ep, &versions, &oldest);
+  EXPECT_TRUE(verified.ok()) << verified.ToString();
+  EXPECT_EQ(Post("/v1/completions", {{"model", "policy"}, {"prompt", {1, 40}}, {"n", 4}}).status,
+            200);
+  ledger_.Close("grp");
 }
 
 TEST_F(EndpointTest, RefusalsAreOpenAiErrorsAndTheEndpointKeepsServing) {
@@ -369,6 +728,36 @@ TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
   EXPECT_GT(multi_turn, 0) << "no episode had a second turn";
   auto st = client->Stats().at("ref");
   EXPECT_EQ(st.attempts, 6u);
+}
+
+// The reference agent with --stream: every model call is a server-sent event stream, the
+// agent rebuilds each reply from the deltas and the last chunk, and its episodes parse and
+// verify against the ledger exactly like non-streamed ones.
+TEST_F(AgentPathTest, StreamingAgentEpisodesVerifyAgainstTheLedger) {
+  envs::testing::ServerProcess streaming{{"python3", TROUPE_AGENT_SERVER, "--max-turns", "3",
+                                          "--max-response-tokens", "100", "--stream"}};
+  ASSERT_TRUE(streaming.ok()) << "agent_server.py --stream did not start";
+  auto client = Client(streaming.Url(""));
+  ASSERT_TRUE(client);
+  size_t turns = 0;
+  for (uint64_t i = 0; i < 3; ++i) {
+    const std::string group = "s" + std::to_string(i);
+    ledger_.Open(group);
+    auto out = client->Run({"ref", Body(group, i)}, Deadline::InMs(120000));
+    ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+    auto ep = envs::ParseAgentResponse(out.body, 160);
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString() << "\n" << out.body.substr(0, 400);
+    std::vector<uint64_t> versions;
+    uint64_t oldest = 99;
+    Status v = ledger_.Verify(group, *ep, &versions, &oldest);
+    EXPECT_TRUE(v.ok()) << v.ToString();
+    turns += ep->turns.size();
+    ledger_.Close(group);
+  }
+  auto st = endpoint_->stats();
+  EXPECT_EQ(st.streams, turns) << "every model call streamed";
+  EXPECT_EQ(st.recorded, turns);
+  EXPECT_EQ(st.streams_cancelled, 0u);
 }
 
 TEST_F(AgentPathTest, FaultsBecomeFailuresOfTheirKind) {

@@ -494,6 +494,60 @@ TEST(GenerationTest, DeadlineCancelsAndEngineStaysUsable) {
   EXPECT_TRUE((*engine)->UpdateWeights(1, w.NamedWeights(), Deadline::InMs(kWaitMs)).ok());
 }
 
+TEST(GenerationTest, OnTokenStreamsEveryTokenAndCancelFreesTheSlots) {
+  auto engine = Engine::Create(SmallEngine(2));
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  // on_token sees every sampled token of every sample, in order, before `done` runs.
+  GenerateRequest r;
+  r.prompt = {1, 2, 3};
+  r.sampling.max_new_tokens = 12;
+  r.sampling.num_samples = 2;
+  std::vector<std::vector<std::pair<int32_t, float>>> seen(2);  // engine thread only
+  r.on_token = [&](int32_t sample, int32_t tok, float lp) {
+    seen.at(static_cast<size_t>(sample)).emplace_back(tok, lp);
+  };
+  std::promise<std::vector<GenerationResult>> done;
+  ASSERT_TRUE(
+      e.Submit(r, [&](std::vector<GenerationResult> out) { done.set_value(std::move(out)); }).ok());
+  auto fut = done.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::milliseconds(kWaitMs)), std::future_status::ready);
+  auto res = fut.get();
+  ASSERT_EQ(res.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    ASSERT_EQ(seen[s].size(), res[s].response_ids.size());
+    for (size_t k = 0; k < seen[s].size(); ++k) {
+      EXPECT_EQ(seen[s][k].first, res[s].response_ids[k]);
+      EXPECT_EQ(seen[s][k].second, res[s].logprobs[k]);
+    }
+  }
+  // A request cancelled after its first token ends aborted well before max_new_tokens, and
+  // both slots serve the next request.
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  GenerateRequest longer;
+  longer.prompt = {1, 2, 3};
+  longer.sampling.max_new_tokens = 30;
+  longer.sampling.num_samples = 2;
+  longer.cancel = cancel;
+  longer.on_token = [cancel](int32_t, int32_t, float) { cancel->store(true); };
+  std::promise<std::vector<GenerationResult>> aborted;
+  ASSERT_TRUE(e.Submit(longer, [&](std::vector<GenerationResult> out) {
+                 aborted.set_value(std::move(out));
+               }).ok());
+  auto fa = aborted.get_future();
+  ASSERT_EQ(fa.wait_for(std::chrono::milliseconds(kWaitMs)), std::future_status::ready);
+  for (const auto& g : fa.get()) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kAborted);
+    EXPECT_EQ(g.reject_reason, "cancelled");
+    EXPECT_EQ(g.num_new_tokens, 1);
+  }
+  GenerateRequest next = r;
+  next.on_token = nullptr;
+  auto ok = e.Generate({next}, Deadline::InMs(kWaitMs));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  for (const auto& g : *ok) EXPECT_NE(g.finish_reason, FinishReason::kAborted);
+}
+
 TEST(GenerationTest, DestructorAbortsPendingWorkAndRunsCallbacks) {
   std::atomic<int> called{0}, aborted{0};
   {

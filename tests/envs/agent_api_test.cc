@@ -90,7 +90,36 @@ TEST(OpenAiDecode, EveryRefusalNamesItsFieldAndStatus) {
       {R"({"model":"m","prompt":"a","stop":["a","b","c","d","e"]})", false, 400, "stop"},
       {R"({"model":"m","prompt":"a","logprobs":"yes"})", false, 400, "logprobs"},
       {R"({"model":"m","prompt":"a","seed":1.5})", false, 400, "seed"},
-      {R"({"model":"m","prompt":"a","stream":true})", false, 400, "stream"},
+      {R"({"model":"m","prompt":"a","stream":"yes"})", false, 400, "stream"},
+      {R"({"model":"m","prompt":"a","stream_options":{"include_usage":true}})", false, 400,
+       "stream_options"},
+      {R"({"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":1}})", false,
+       400, "stream_options.include_usage"},
+      {R"({"model":"m","prompt":"a","tools":[]})", false, 400, "tools"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tools":{}})", true, 400,
+       "tools"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"code"}]})",
+       true, 400, "tools[0]"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":3}]})", true,
+       400, "tools[0]"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],
+           "tools":[{"type":"function","function":{"name":""}}]})",
+       true, 400, "tools[0].function.name"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],
+           "tools":[{"type":"function","function":{"name":"f","parameters":[1]}}]})",
+       true, 400, "tools[0].function.parameters"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":"required"})", true,
+       400, "tool_choice"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],
+           "tool_choice":{"type":"function","function":{"name":"f"}}})",
+       true, 400, "tool_choice"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":"sometimes"})",
+       true, 400, "tool_choice"},
+      {R"({"model":"m","messages":[{"role":"user","content":"q","tool_calls":[
+           {"function":{"name":"f"}}]}]})",
+       true, 400, "messages[0].tool_calls"},
+      {R"({"model":"m","messages":[{"role":"tool","content":"q","tool_call_id":3}]})", true, 400,
+       "messages[0].tool_call_id"},
       {R"({"model":"m"})", true, 400, "messages"},
       {R"({"model":"m","messages":[]})", true, 400, "messages"},
       {R"({"model":"m","messages":[3]})", true, 400, "messages[0]"},
@@ -99,9 +128,18 @@ TEST(OpenAiDecode, EveryRefusalNamesItsFieldAndStatus) {
        "messages[0].role"},
       {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", true, 400,
        "messages[0].content[0]"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":3,"text":"x"}]}]})", true,
+       400, "messages[0].content[0]"},
       {R"({"model":"m","messages":[{"role":"assistant","content":null,
            "tool_calls":[{"id":"c"}]}]})",
-       true, 422, "messages[0].tool_calls"},
+       true, 400, "messages[0].tool_calls"},
+      {R"({"model":"m","messages":[{"role":"assistant","content":null,
+           "tool_calls":[{"id":"c","type":"function","function":{"name":"f",
+           "arguments":"{not json"}}]}]})",
+       true, 400, "messages[0].tool_calls"},
+      {R"({"model":"m","messages":[{"role":"assistant","content":null,
+           "tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}]})",
+       true, 400, "messages[0].tool_calls"},
       {R"({"model":"m","messages":[{"role":"assistant","content":"x",
            "prompt_token_ids":[1]}]})",
        true, 400, "messages[0]"},
@@ -145,7 +183,13 @@ TEST(OpenAiDecode, FuzzedBodiesNeverCrash) {
       R"({"model":"m","prompt":[1,2,3],"max_tokens":4,"temperature":0})",
       R"({"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant",
           "content":"a","prompt_token_ids":[1],"generation_token_ids":[2]},
-          {"role":"tool","content":"t"}]})"};
+          {"role":"tool","content":"t"}]})",
+      R"({"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant",
+          "content":null,"tool_calls":[{"id":"call_1","type":"function","function":{
+          "name":"get","arguments":"{\"k\": [1, 2]}"}}]},{"role":"tool","tool_call_id":
+          "call_1","content":"t"}],"tools":[{"type":"function","function":{"name":"get",
+          "description":"d","parameters":{"type":"object"}}}],"tool_choice":"auto",
+          "stream":true,"stream_options":{"include_usage":true}})"};
   const std::string alphabet = "{}[]\":,0123456789.-eE truefalsnul\\\x01\xff";
   int accepted = 0, refused = 0;
   for (int it = 0; it < 20000; ++it) {
@@ -190,6 +234,138 @@ TEST(OpenAiDecode, FuzzedBodiesNeverCrash) {
   }
   EXPECT_GT(accepted, 0);
   EXPECT_GT(refused, 0);
+}
+
+TEST(OpenAiDecode, ToolsToolCallsAndStreamFields) {
+  CompletionRequest r;
+  auto e = Decode(R"({"model":"m","messages":[{"role":"user","content":"q"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+       "function":{"name":"get","arguments":"{\"k\": 1}"}},{"function":{"name":"put",
+       "arguments":{"v":"x"}}}]},{"role":"tool","tool_call_id":"call_1","content":"t"}],
+      "tools":[{"type":"function","function":{"name":"get","parameters":{"type":"object"}}}],
+      "stream":true,"stream_options":{"include_usage":true}})",
+                  true, &r);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(r.messages.size(), 3u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 2u);
+  EXPECT_EQ(r.messages[1].message.content, "");
+  EXPECT_EQ(r.messages[1].tool_calls[0].name, "get");
+  EXPECT_EQ(r.messages[1].tool_calls[0].args, json({{"k", 1}}));
+  EXPECT_EQ(r.messages[1].tool_calls[1].args, json({{"v", "x"}}));
+  EXPECT_EQ(r.messages[2].tool_call_id, "call_1");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ParsesToolCalls());
+  EXPECT_EQ(r.tools[0]["function"]["name"], "get");
+  // tool_choice "none" turns parsing off; no tools: nothing to parse.
+  ASSERT_FALSE(Decode(R"({"model":"m","messages":[{"role":"user","content":"q"}],
+      "tools":[{"type":"function","function":{"name":"get"}}],"tool_choice":"none"})",
+                      true, &r));
+  EXPECT_FALSE(r.ParsesToolCalls());
+  EXPECT_FALSE(r.stream);
+  ASSERT_FALSE(Decode(R"({"model":"m","messages":[{"role":"user","content":"q"}]})", true, &r));
+  EXPECT_FALSE(r.ParsesToolCalls());
+  // The calls are written after the text as the chat-template command writes them.
+  auto calls = ReadToolCalls(json::parse(R"([{"function":{"name":"get","arguments":{"k":1}}},
+                                             {"name":"put"}])"));
+  ASSERT_TRUE(calls.ok()) << calls.status().ToString();
+  EXPECT_EQ(AppendToolCalls("I will.", *calls, ToolCallFormat::kTroupe),
+            "I will.\n<tool>get {\"k\":1}</tool>\n<tool>put</tool>");
+  EXPECT_EQ(AppendToolCalls("", {(*calls)[0]}, ToolCallFormat::kHermes),
+            "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"k\": 1}}\n</tool_call>");
+}
+
+TEST(OpenAiEncode, ParsedToolCallsShapeTheChoice) {
+  CompletionRequest chat;
+  chat.chat = true;
+  CompletionChoice c;
+  c.text = "Let me look.\n<tool>get {\"k\": [1, 2]}</tool>";
+  c.generation_ids = {5, 6};
+  c.logprobs = {-1.f, -2.f};
+  c.finish_reason = "stop";
+  ShapeToolCall(&c, ToolCallFormat::kTroupe, "call_ab12");
+  EXPECT_EQ(c.finish_reason, "tool_calls");
+  ASSERT_EQ(c.tool_calls.size(), 1u);
+  EXPECT_EQ(c.content, std::optional<std::string>("Let me look."));
+  json j = json::parse(EncodeCompletionResponse(chat, "x", 1, "m", {c}));
+  const json& msg = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(msg["content"], "Let me look.");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["id"], "call_ab12");
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get");
+  EXPECT_EQ(json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"k", {1, 2}}}));
+  EXPECT_EQ(msg["generation_token_ids"], json({5, 6}));  // the ids still cover the whole text
+  // Only the call: content null. Hermes calls parse in the Hermes format.
+  CompletionChoice h;
+  h.text = "<tool_call>\n{\"name\": \"put\", \"arguments\": {}}\n</tool_call>";
+  h.finish_reason = "stop";
+  ShapeToolCall(&h, ToolCallFormat::kHermes, "call_1");
+  ASSERT_EQ(h.tool_calls.size(), 1u);
+  EXPECT_FALSE(h.content);
+  j = json::parse(EncodeCompletionResponse(chat, "x", 1, "m", {h}));
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+  // A malformed call and plain text stay content with their finish reason.
+  for (std::string text : {"<tool>Bad-Name {}</tool>", "<tool>get {\"k\": </tool>", "no call"}) {
+    CompletionChoice m;
+    m.text = text;
+    m.finish_reason = "length";
+    ShapeToolCall(&m, ToolCallFormat::kTroupe, "call_2");
+    EXPECT_TRUE(m.tool_calls.empty()) << text;
+    EXPECT_EQ(m.finish_reason, "length");
+    j = json::parse(EncodeCompletionResponse(chat, "x", 1, "m", {m}));
+    EXPECT_EQ(j["choices"][0]["message"]["content"], text);
+    EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  }
+}
+
+TEST(OpenAiStream, ChunksAndTheStreamablePrefix) {
+  CompletionRequest chat;
+  chat.chat = true;
+  json d = json::parse(EncodeStreamDelta(chat, "c", 1, "m", 1, "he", true));
+  EXPECT_EQ(d["object"], "chat.completion.chunk");
+  EXPECT_EQ(d["choices"][0]["index"], 1);
+  EXPECT_EQ(d["choices"][0]["delta"], json({{"role", "assistant"}, {"content", "he"}}));
+  EXPECT_TRUE(d["choices"][0]["finish_reason"].is_null());
+  CompletionChoice c;
+  c.text = "hi <tool>get</tool>";
+  c.prompt_ids = {1};
+  c.generation_ids = {4, 5};
+  c.logprobs = {-1.f, -0.5f};
+  c.policy_version = 3;
+  c.finish_reason = "stop";
+  ShapeToolCall(&c, ToolCallFormat::kTroupe, "call_9");
+  json f = json::parse(EncodeStreamFinal(chat, "c", 1, "m", 0, c, "", false));
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_FALSE(f["choices"][0]["delta"].contains("content"));
+  EXPECT_EQ(f["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_EQ(f["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get");
+  EXPECT_EQ(f["choices"][0]["generation_token_ids"], json({4, 5}));
+  EXPECT_EQ(f["choices"][0]["policy_version"], 3);
+  CompletionRequest plain;
+  json u = json::parse(EncodeStreamUsage(plain, "c", 1, "m", {c, c}));
+  EXPECT_EQ(u["object"], "text_completion");
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(SseEvent("{}"), "data: {}\n\n");
+  EXPECT_EQ(SseDone(), "data: [DONE]\n\n");
+  // What may be sent: not a tail that may become a stop string or a marker, not past a
+  // marker, not half a UTF-8 character, and (with tools) not trailing whitespace.
+  const auto troupe = ToolCallMarkers(ToolCallFormat::kTroupe);
+  EXPECT_EQ(StreamableLength("hello", {}, {}, false), 5u);
+  EXPECT_EQ(StreamableLength("hello wor", {"world"}, {}, false), 6u);
+  EXPECT_EQ(StreamableLength("hello <to", {}, troupe, false), 6u);
+  EXPECT_EQ(StreamableLength("hello <to", {}, troupe, true), 5u);
+  EXPECT_EQ(StreamableLength("hi <tool>get", {}, troupe, true), 2u);
+  EXPECT_EQ(StreamableLength("a\xc3", {}, {}, false), 1u);
+  EXPECT_EQ(StreamableLength("a\xc3\xa9", {}, {}, false), 3u);
+  EXPECT_EQ(StreamableLength("a\xe2\x82", {}, {}, false), 1u);
+  EXPECT_EQ(StreamableLength("<", {}, troupe, false), 0u);
+  EXPECT_EQ(
+      StreamableLength("x {\"name\"", {}, ToolCallMarkers(ToolCallFormat::kLlama3Json), false), 2u);
 }
 
 TEST(OpenAiEncode, ResponsesCarryTheTrainingFields) {

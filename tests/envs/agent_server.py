@@ -2,7 +2,7 @@
 """A reference NeMo Gym-style agent server (Python standard library only).
 
 Start: agent_server.py [--host 127.0.0.1] [--port 0] [--max-turns 4]
-                       [--max-response-tokens 100] [--transcripts FILE]
+                       [--max-response-tokens 100] [--transcripts FILE] [--stream]
 It prints "PORT <n>" on stdout once it listens, then serves until killed, and
 exits by itself when its parent process goes away (no orphans).
 
@@ -22,6 +22,10 @@ endpoint it is handed, the way a NeMo Gym agent does:
             items: function_call / message (with prompt_token_ids, generation_token_ids,
             generation_log_probs), function_call_output; reward = positional credit of
             the submitted answer against the reversed word.
+
+--stream makes every model call with "stream": true and rebuilds the reply from the
+server-sent events (the content deltas, the last chunk's training fields), as a
+streaming OpenAI client does.
 
 POST /single/run plays any single-turn task: one model call with the task's
 messages, reward 1 when the reply (stripped) equals the task's reference, else 0.
@@ -61,7 +65,37 @@ def positional_credit(answer, reference):
     return same / max(len(a), len(b))
 
 
+def read_stream(r):
+    """The chat.completion a stream of chat.completion.chunk events adds up to (choice 0)."""
+    content, final, error = "", None, None
+    for line in r:
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue  # blank separators and SSE comments
+        data = line[len(b"data: "):]
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            error = chunk
+            continue
+        for c in chunk.get("choices") or []:
+            if c.get("index", 0) != 0:
+                continue
+            content += (c.get("delta") or {}).get("content") or ""
+            if c.get("finish_reason") is not None:
+                final = c
+    if error is not None or final is None:
+        return 500, error or {"error": {"message": "the stream ended without a final chunk"}}
+    msg = {"role": "assistant", "content": content}
+    for k in ("prompt_token_ids", "generation_token_ids", "generation_log_probs"):
+        msg[k] = final[k]
+    return 200, {"choices": [{"index": 0, "message": msg, "finish_reason": final["finish_reason"]}]}
+
+
 def call_model(base_url, api_key, body, timeout):
+    if ARGS.stream:
+        body = dict(body, stream=True)
     req = urllib.request.Request(
         base_url.rstrip("/") + "/chat/completions",
         data=json.dumps(body).encode(),
@@ -72,6 +106,8 @@ def call_model(base_url, api_key, body, timeout):
         STATS["model_calls"] += 1
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
+            if ARGS.stream:
+                return read_stream(r)
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         try:
@@ -275,6 +311,7 @@ def main():
     ap.add_argument("--max-response-tokens", type=int, default=100)
     ap.add_argument("--call-timeout", type=float, default=120.0)
     ap.add_argument("--transcripts", default="")
+    ap.add_argument("--stream", action="store_true", help="stream every model call (SSE)")
     ARGS = ap.parse_args()
     server = Server((ARGS.host, ARGS.port), Handler)
     threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()

@@ -18,7 +18,9 @@
 
 #include "../common/node_runner.h"
 #include "troupe/engine/hf_tokenizer.h"
+#include "troupe/engine/tokenizer.h"
 #include "troupe/envs/chat_template.h"
+#include "troupe/envs/environment.h"
 #include "troupe/envs/episode.h"
 #include "troupe/envs/renderer.h"
 #include "troupe/envs/tasks.h"
@@ -141,6 +143,32 @@ TEST(ChatTemplateRenderer, PromptReplyAndToolTurnsComeFromTheTemplate) {
   EXPECT_EQ(*tok.Decode(all, false), full.substr(0, full.size() - 1));
   size_t ones = static_cast<size_t>(std::count(seq->loss_mask.begin(), seq->loss_mask.end(), 1));
   EXPECT_EQ(ones, std::string("call").size() + std::string("done").size() + 2);
+}
+
+// A chat format renders OpenAI `tools` as the tool instructions built-in tasks write, and
+// refuses a name its call syntax cannot write.
+TEST(ChatFormatRenderer, ToolsBecomeToolInstructions) {
+  auto chars = engine::CharTokenizer::Create(PrintableAlphabet());
+  ASSERT_TRUE(chars.ok());
+  Renderer r(**chars, ChatFormat::Compact());
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "read",
+      "description": "reads a file", "parameters": {"type": "object"}}},
+      {"type": "function", "function": {"name": "submit"}}])");
+  Conversation prompt = {{Role::kUser, "abc"}};
+  Result<std::vector<int32_t>> ids = r.RenderPrompt(prompt, tools);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  std::string instructions =
+      ToolInstructions({{"read", R"({"type":"object"})", "reads a file"}, {"submit", "{}", ""}});
+  EXPECT_EQ(*ids, *r.RenderPrompt({{Role::kSystem, instructions}, {Role::kUser, "abc"}}));
+  EXPECT_EQ(*r.RenderPrompt(prompt, nullptr), *r.RenderPrompt(prompt));
+  for (const char* bad : {"Read", "read-file", "a_name_that_is_longer_than_32_chars"}) {
+    ojson t = tools;
+    t[0]["function"]["name"] = bad;
+    Result<std::vector<int32_t>> refused = r.RenderPrompt(prompt, t);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("tools[0].function.name"), std::string::npos)
+        << refused.status().message();
+  }
 }
 
 TEST(ChatTemplateRenderer, RefusesTemplatesWhosePiecesCannotBeToldApart) {
@@ -280,6 +308,16 @@ TEST_F(RealTemplates, Qwen3) {
     got.insert(got.end(), seq->response_tokens.begin(), seq->response_tokens.end());
     EXPECT_EQ(got, want);
     EXPECT_EQ(seq->response_tokens.back(), (*tok)->eos_id());
+    // OpenAI `tools` (the generation endpoint's requests) reach the template's own tools
+    // section: the ids are the tokenization of what the template renders with them.
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather", "parameters": {"type": "object"}}}])");
+    Result<std::vector<int32_t>> with_tools = r->RenderPrompt(prompt, tools);
+    ASSERT_TRUE(with_tools.ok()) << with_tools.status().ToString();
+    std::string tool_text =
+        *copy.Render(ToTemplateMessages(prompt, ToolCallFormat::kHermes), true, tools);
+    EXPECT_NE(tool_text.find("get_weather"), std::string::npos);
+    EXPECT_EQ(*with_tools, *(*tok)->Encode(tool_text));
     // Multi-turn tool episodes: Hermes calls, the episode's ids equal the demonstration's.
     for (const char* kind : {"file_reverse", "file_sort", "wordle"}) {
       SCOPED_TRACE(kind);

@@ -13,6 +13,13 @@
 // group that is not open (finished, unknown) is refused with 404. Plain /v1/
 // paths serve without recording (benchmarks, manual use).
 //
+// Chat requests may carry `tools` (rendered by the renderer) and assistant `tool_calls`
+// (written in the renderer's tool-call syntax); with tools and tool_choice "auto" replies are
+// parsed into `tool_calls` (envs::ShapeToolCall). `stream: true` answers with server-sent
+// events: a chunk as tokens are sampled (GenerateRequest::on_token), each choice's final chunk
+// (training fields, tool_calls) from the same code as a plain reply, [DONE]. A client that goes
+// away cancels its engine request (GenerateRequest::cancel); nothing is recorded for it.
+//
 // Every request needs `Authorization: Bearer <token>` (401 otherwise); 503
 // while `ready()` is false (no weights yet) or when `max_pending` requests are
 // already waiting for the engine. A request waits for the engine at most
@@ -62,6 +69,9 @@ struct GenerationEndpointStats {
   uint64_t server_errors = 0;     // answered 5xx
   uint64_t generated_tokens = 0;  // sampled tokens returned
   uint64_t recorded = 0;          // generations recorded for a group
+  uint64_t streams = 0;           // requests answered as server-sent events (stream: true)
+  uint64_t streams_cancelled = 0;  // streams whose client went away (engine request cancelled)
+  uint64_t streams_running = 0;    // streamed requests the engine still holds (a gauge)
 };
 
 class GenerationEndpoint {

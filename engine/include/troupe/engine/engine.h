@@ -77,6 +77,13 @@ struct GenerateRequest {
   SamplingParams sampling;
   // Caller's identifier, copied into every result of this request.
   uint64_t tag = 0;
+  // Streaming: called on the engine thread right after each token is sampled, with the
+  // sample's index, the token and its behaviour log-prob (the token is also in the result).
+  // Keep it short (it runs inside the step); it must not throw.
+  std::function<void(int32_t sample_index, int32_t token, float logprob)> on_token;
+  // Cancellation: once it reads true, the request's unfinished samples end with kAborted
+  // ("cancelled") at the engine's next step and their slots are freed; `done` still runs.
+  std::shared_ptr<const std::atomic<bool>> cancel;
 };
 
 // One sampled sequence.

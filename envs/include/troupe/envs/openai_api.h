@@ -6,7 +6,8 @@
 //        └── EncodeCompletionResponse ◀── CompletionChoice per sample ◀── engine
 //
 // Requests: OpenAI's fields (model, prompt | messages, n, temperature, top_p,
-// max_tokens | max_completion_tokens, stop, logprobs, seed) plus
+// max_tokens | max_completion_tokens, stop, logprobs, seed, stream, stream_options; chat:
+// tools, tool_choice "auto" | "none", assistant tool_calls, tool_call_id) plus
 // `prompt_token_ids` style input: a completions `prompt` may be a list of
 // token ids. Chat assistant messages may carry the `prompt_token_ids` and
 // `generation_token_ids` of the reply the endpoint gave (NeMo Gym's agents
@@ -33,7 +34,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "troupe/envs/message.h"
+#include "troupe/envs/tool_call.h"
 
 namespace troupe::envs {
 
@@ -64,6 +68,10 @@ struct ApiLimits {
 // A chat message with the token ids an agent carried back (NeMo Gym).
 struct ApiMessage {
   Message message;
+  // Assistant: structured calls (OpenAI's tool_calls); the endpoint writes them after
+  // `content` in the model's tool-call syntax (AppendToolCalls) before rendering.
+  std::vector<ToolCall> tool_calls;
+  std::string tool_call_id;                   // tool: the call it answers (accepted, not rendered)
   std::vector<int32_t> prompt_token_ids;      // of the reply this message is (assistant only)
   std::vector<int32_t> generation_token_ids;  // the reply's ids (assistant only)
 };
@@ -82,6 +90,18 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool logprobs = false;  // return per-token log-probs in OpenAI's shape too
   std::optional<uint64_t> seed;
+  // Chat: OpenAI function schemas, passed to the renderer (null = none given).
+  nlohmann::ordered_json tools;
+  // Chat: "auto" (default: parse the reply for a call when `tools` are given) or "none".
+  // A named function or "required" is refused (decoding cannot be constrained).
+  std::string tool_choice = "auto";
+  bool stream = false;         // server-sent events (chat.completion.chunk / text_completion)
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+
+  // Whether replies are parsed into structured tool_calls.
+  bool ParsesToolCalls() const {
+    return chat && tool_choice == "auto" && tools.is_array() && !tools.empty();
+  }
 };
 
 // Decodes a request body. Every problem is an ApiError naming the field.
@@ -95,14 +115,61 @@ struct CompletionChoice {
   std::vector<int32_t> generation_ids;  // sampled ids (up to and with a stop token)
   std::vector<float> logprobs;          // behaviour log-prob per generation id
   std::vector<std::string> tokens;      // piece per generation id (for OpenAI's logprobs)
-  std::string finish_reason;            // "stop" | "length"
+  std::string finish_reason;            // "stop" | "length" | "tool_calls"
   uint64_t policy_version = 0;
+  // Chat with tools: the call parsed from `text` (ShapeToolCall); `content` is then the text
+  // before it (nullopt: none), and the message carries tool_calls instead of the raw text.
+  struct Call {
+    std::string id;  // "call_<hex>"
+    ToolCall call;
+  };
+  std::vector<Call> tool_calls;
+  std::optional<std::string> content;
+
+  // What the chat message's content is: `text`, or with tool calls `content` ("" for none).
+  const std::string& MessageContent() const;
 };
+
+// Parses `choice->text` in `format` (ParseToolCall). A call: tool_calls = [{call_id, call}],
+// content = the text before the call without trailing whitespace (nullopt when empty),
+// finish_reason "tool_calls". No call or a malformed one: the choice is left as it is.
+void ShapeToolCall(CompletionChoice* choice, ToolCallFormat format, std::string call_id);
 
 // The response body: OpenAI's "text_completion" / "chat.completion" object.
 std::string EncodeCompletionResponse(const CompletionRequest& request, const std::string& id,
                                      int64_t created, const std::string& model,
                                      const std::vector<CompletionChoice>& choices);
+
+// ---- streaming (stream: true): server-sent events, one JSON object per "data: " line.
+
+// "data: <json>\n\n".
+std::string SseEvent(std::string_view json);
+// "data: [DONE]\n\n".
+std::string SseDone();
+
+// A chunk with new text of choice `index` ("chat.completion.chunk" with delta {"content"},
+// the role on the choice's first chunk; or a "text_completion" chunk with "text").
+std::string EncodeStreamDelta(const CompletionRequest& request, const std::string& id,
+                              int64_t created, const std::string& model, size_t index,
+                              std::string_view text, bool first);
+// The last chunk of choice `index`: the rest of its text (`rest`), its tool_calls (chat, as
+// one delta), finish_reason, logprobs (the whole choice's) and the training fields.
+std::string EncodeStreamFinal(const CompletionRequest& request, const std::string& id,
+                              int64_t created, const std::string& model, size_t index,
+                              const CompletionChoice& choice, std::string_view rest, bool first);
+// stream_options.include_usage: the chunk with no choices and the usage of all of them.
+std::string EncodeStreamUsage(const CompletionRequest& request, const std::string& id,
+                              int64_t created, const std::string& model,
+                              const std::vector<CompletionChoice>& choices);
+
+// How much of a streamed reply's text so far may be sent: up to the first of `markers`
+// (tool-call openers), without a tail that may still become a marker or a stop string (a
+// proper prefix of one), an incomplete UTF-8 character, or (trim_space) trailing whitespace.
+// What is sent is then a prefix of the final text (or content) the non-streamed reply has.
+size_t StreamableLength(std::string_view text, const std::vector<std::string>& stop,
+                        const std::vector<std::string_view>& markers, bool trim_space);
+// Where a call may start in `format` ("<tool>", "<tool_call>", "{" / "<|python_tag|>").
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format);
 
 // GET /v1/models.
 std::string EncodeModelList(const std::string& model, int64_t created);

@@ -117,6 +117,14 @@ class Renderer {
   std::string PromptText(const Conversation& messages) const;
   // Prompt ids: [BOS] + PromptText. Fails when a message cannot be encoded.
   Result<std::vector<int32_t>> RenderPrompt(const Conversation& messages) const;
+  // The same with OpenAI function schemas (`tools`: [{"type": "function", "function": {"name",
+  // "description", "parameters"}}]): a chat template renders them (its `tools` variable); a
+  // ChatFormat renders them as a system message of tool instructions before the conversation,
+  // as built-in tasks do ("Call one tool per turn by writing <tool>name {json
+  // arguments}</tool>. Tools:\n- NAME PARAMETERS: DESCRIPTION\n"). InvalidArgument naming the
+  // entry when a schema is malformed or its name cannot be written in the tool-call format.
+  Result<std::vector<int32_t>> RenderPrompt(const Conversation& messages,
+                                            const nlohmann::ordered_json& tools) const;
   // Ids of an assistant turn's text followed by EOS (as the model samples it).
   Result<std::vector<int32_t>> RenderAssistantTurn(std::string_view text) const;
   // Environment ids after an assistant turn: tool_prefix output tool_suffix assistant_prefix.
@@ -134,7 +142,8 @@ class Renderer {
 
  private:
   std::string MessageText(const Message& m) const;
-  Result<std::string> RenderPromptText(const Conversation& messages) const;
+  Result<std::string> RenderPromptText(const Conversation& messages,
+                                       const nlohmann::ordered_json& tools = nullptr) const;
   Result<std::string> RenderToolTurnText(std::string_view output) const;
   const engine::Tokenizer& tokenizer_;
   ChatFormat format_;

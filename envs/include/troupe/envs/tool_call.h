@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -87,6 +88,17 @@ ParsedTurn ParseToolCall(std::string_view turn_text,
 std::string FormatToolCall(std::string_view name,
                            const nlohmann::json& args = nlohmann::json::object(),
                            ToolCallFormat format = ToolCallFormat::kTroupe);
+
+// OpenAI-shaped tool calls ([{"id", "type": "function", "function": {"name", "arguments"}}],
+// "function" optional, "arguments" a JSON object or a string holding one, absent = {}) as
+// calls. InvalidArgument naming the entry ("tool_calls[1].function.name ...") otherwise.
+Result<std::vector<ToolCall>> ReadToolCalls(const nlohmann::json& tool_calls);
+
+// A reply's text with its tool calls written after it in `format`, as Troupe renders
+// structured calls (`troupe chat-template --ids`, the generation endpoint): each call on its
+// own line after any text (llama3_json: no separator).
+std::string AppendToolCalls(std::string content, const std::vector<ToolCall>& calls,
+                            ToolCallFormat format);
 
 // Rewrites text written for Troupe's format (task instructions, examples,
 // demonstrations) into `format`: every well-formed <tool>...</tool> call, and
