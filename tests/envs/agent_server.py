@@ -229,6 +229,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, code, obj):
         data = json.dumps(obj).encode()
+        self._done()  # before the reply leaves: the client may call again as soon as it has it
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -248,9 +249,16 @@ class Handler(BaseHTTPRequestHandler):
             STATS["paths"][self.path] = STATS["paths"].get(self.path, 0) + 1
             STATS["inflight"] += 1
             STATS["max_inflight"] = max(STATS["max_inflight"], STATS["inflight"])
+        self._counted = True
         try:
             self._handle(raw)
         finally:
+            self._done()
+
+    def _done(self):
+        """Stops counting this request as in flight (once)."""
+        if getattr(self, "_counted", False):
+            self._counted = False
             with LOCK:
                 STATS["inflight"] -= 1
 
