@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -653,6 +654,27 @@ class AgentPathTest : public EndpointTest {
                              endpoint_->BaseUrl(group), "s3cret", "policy", group + "/0", 1.0, 1.0,
                              24);
   }
+  // Opens `group` in the ledger, plays task prompt `index` through `client`'s agent server and
+  // checks the episode parses and verifies against the ledger (all turns at version 0); the
+  // answer's body is left in `*body`.
+  std::optional<envs::AgentEpisode> PlayAndVerify(envs::AgentClient& client,
+                                                  const std::string& group, uint64_t index,
+                                                  std::string* body) {
+    ledger_.Open(group);
+    auto out = client.Run({"ref", Body(group, index)}, Deadline::InMs(120000));
+    EXPECT_TRUE(out.status.ok()) << out.status.ToString();
+    if (!out.status.ok()) return std::nullopt;
+    auto ep = envs::ParseAgentResponse(out.body, 160);
+    EXPECT_TRUE(ep.ok()) << ep.status().ToString() << "\n" << out.body.substr(0, 400);
+    if (!ep.ok()) return std::nullopt;
+    std::vector<uint64_t> versions;
+    uint64_t oldest = 99;
+    Status v = ledger_.Verify(group, *ep, &versions, &oldest);
+    EXPECT_TRUE(v.ok()) << v.ToString();
+    EXPECT_EQ(oldest, 0u);
+    *body = std::move(out.body);
+    return std::move(ep).value();
+  }
 
   envs::testing::ServerProcess server_{
       {"python3", TROUPE_AGENT_SERVER, "--max-turns", "3", "--max-response-tokens", "100"}};
@@ -665,19 +687,12 @@ TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
   int multi_turn = 0;
   for (uint64_t i = 0; i < 6; ++i) {
     const std::string group = "g" + std::to_string(i);
-    ledger_.Open(group);
-    auto out = client->Run({"ref", Body(group, i)}, Deadline::InMs(120000));
-    ASSERT_TRUE(out.status.ok()) << out.status.ToString();
-    auto ep = envs::ParseAgentResponse(out.body, 160);
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString() << "\n" << out.body.substr(0, 400);
-    std::vector<uint64_t> versions;
-    uint64_t oldest = 99;
-    Status v = ledger_.Verify(group, *ep, &versions, &oldest);
-    EXPECT_TRUE(v.ok()) << v.ToString();
-    EXPECT_EQ(oldest, 0u);
+    std::string body;
+    auto ep = PlayAndVerify(*client, group, i, &body);
+    ASSERT_TRUE(ep);
     // Token by token against the transcript: each mask-0 run is the rendering of the tool
     // output the agent reported, each mask-1 run one reply's generation ids.
-    json answer = json::parse(out.body);
+    json answer = json::parse(body);
     std::vector<std::vector<int32_t>> env_runs, model_runs;
     // Tool outputs after the last model turn (the episode ended) are in no turn's prompt.
     json items = answer["response"]["output"];
@@ -742,15 +757,9 @@ TEST_F(AgentPathTest, StreamingAgentEpisodesVerifyAgainstTheLedger) {
   size_t turns = 0;
   for (uint64_t i = 0; i < 3; ++i) {
     const std::string group = "s" + std::to_string(i);
-    ledger_.Open(group);
-    auto out = client->Run({"ref", Body(group, i)}, Deadline::InMs(120000));
-    ASSERT_TRUE(out.status.ok()) << out.status.ToString();
-    auto ep = envs::ParseAgentResponse(out.body, 160);
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString() << "\n" << out.body.substr(0, 400);
-    std::vector<uint64_t> versions;
-    uint64_t oldest = 99;
-    Status v = ledger_.Verify(group, *ep, &versions, &oldest);
-    EXPECT_TRUE(v.ok()) << v.ToString();
+    std::string body;
+    auto ep = PlayAndVerify(*client, group, i, &body);
+    ASSERT_TRUE(ep);
     turns += ep->turns.size();
     ledger_.Close(group);
   }
