@@ -179,6 +179,9 @@ class Engine::Loop {
   // One iteration of the engine thread (between two waits for work).
   void Step();
   void CompleteOne(Work& w);
+  // Whether `w` was cancelled, by its Generate() giving up (deadline) or by the caller of its
+  // Submit() (GenerateRequest::cancel); the batch's abort status then says which (first wins).
+  static bool IsCancelled(Work& w);
   void EndUnadmitted(Work& w, FinishReason reason, const std::string& why);
   void FreeSlot(Seq& s, FinishReason reason, std::string why);
   void ClearGhosts();
@@ -261,7 +264,9 @@ class EvalModeGuard {
 bool SetComputeThreads(int n) {
   at::set_num_threads(n);
   using SetFn = void (*)(int);
-  auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  // Looked up once: the learner calls this every update when it splits updates across threads.
+  static const SetFn fn =
+      reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   if (fn == nullptr) return false;
   fn(n);
   return true;
@@ -479,17 +484,21 @@ void FinishSeqResult(GenerationResult& out, FinishReason reason, std::string why
   out.reject_reason = std::move(why);
 }
 
-// Whether the caller of a Submit() cancelled it (GenerateRequest::cancel).
-bool CancelledByCaller(const GenerateRequest& req) {
-  return req.cancel && req.cancel->load(std::memory_order_relaxed);
-}
-
 // Token i of a request's context: its prompt, then its response prefix.
 int32_t ContextToken(const GenerateRequest& req, size_t i) {
   return i < req.prompt.size() ? req.prompt[i] : req.response_prefix[i - req.prompt.size()];
 }
 
 }  // namespace
+
+bool Engine::Loop::IsCancelled(Work& w) {
+  const bool deadline = w.batch->cancelled;
+  if (!deadline && !(w.req.cancel && w.req.cancel->load(std::memory_order_relaxed))) return false;
+  if (w.batch->abort_status.ok())
+    w.batch->abort_status =
+        Cancelled("generation cancelled ({})", deadline ? "deadline passed" : "by the caller");
+  return true;
+}
 
 // Marks one sample done; completes its batch when it was the last.
 void Engine::Loop::CompleteOne(Work& w) {
@@ -602,10 +611,7 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
   while (!pending.empty() && find_free() >= 0) {
     std::shared_ptr<Work> w = pending.front();
     const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
-    if (w->batch->cancelled || CancelledByCaller(w->req)) {
-      if (w->batch->abort_status.ok())
-        w->batch->abort_status = Cancelled(
-            "generation cancelled ({})", w->batch->cancelled ? "deadline passed" : "by the caller");
+    if (IsCancelled(*w)) {
       EndUnadmitted(*w, FinishReason::kAborted, "cancelled");
       pending.pop_front();
       continue;
@@ -835,14 +841,8 @@ void Engine::Loop::Publish(Engine& e) {
 // the CPU fused path, else a padded prefill of the new prompts then one decode step.
 void Engine::Loop::Step() {
   for (auto& slot : slots)
-    if (slot && !slot->ghost &&
-        (slot->work->batch->cancelled || CancelledByCaller(slot->work->req))) {
-      if (slot->work->batch->abort_status.ok())
-        slot->work->batch->abort_status =
-            Cancelled("generation cancelled ({})",
-                      slot->work->batch->cancelled ? "deadline passed" : "by the caller");
+    if (slot && !slot->ghost && IsCancelled(*slot->work))
       FreeSlot(*slot, FinishReason::kAborted, "cancelled");
-    }
   const auto wall0 = std::chrono::steady_clock::now();
   const double cpu0 = ThreadCpuSeconds();
   try {
