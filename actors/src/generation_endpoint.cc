@@ -284,8 +284,10 @@ std::optional<ApiError> GenerationEndpoint::Impl::ContextIds(const envs::Complet
         ids->insert(ids->end(), m.generation_token_ids.begin(), m.generation_token_ids.end());
         continue;
       }
-      auto a = renderer.RenderAssistantTurn(
-          envs::AppendToolCalls(m.message.content, m.tool_calls, renderer.tool_call_format()));
+      auto text =
+          envs::AppendToolCalls(m.message.content, m.tool_calls, renderer.tool_call_format());
+      if (!text.ok()) return unrenderable(where, text.status());
+      auto a = renderer.RenderAssistantTurn(*text);
       if (!a.ok()) return unrenderable(where, a.status());
       ids->insert(ids->end(), a->begin(), a->end());
     } else if (m.message.role == envs::Role::kTool) {

@@ -247,13 +247,8 @@ Result<std::string> ToolSchemaInstructions(const nlohmann::ordered_json& tools,
       return InvalidArgument("tools[{}].function.name (a string) is required", i);
     ToolSpec spec;
     spec.name = name->get<std::string>();
-    ParsedTurn back =
-        ParseToolCall(FormatToolCall(spec.name, nlohmann::json::object(), format), format);
-    if (back.kind != ParsedTurn::Kind::kCall || back.call.name != spec.name)
-      return InvalidArgument(
-          "tools[{}].function.name '{}' cannot be written in the {} tool-call syntax ({}){}", i,
-          Printable(spec.name, 64), ToolCallFormatName(format), ToolCallSyntax(format),
-          back.error.empty() ? "" : ": " + back.error);
+    Status named = CheckToolName(spec.name, format);
+    if (!named.ok()) return named.WithContext(fmt::format("tools[{}].function.name", i));
     const auto params = fn->find("parameters");
     spec.usage = params == fn->end() || params->is_null() ? "{}" : params->dump();
     const auto desc = fn->find("description");

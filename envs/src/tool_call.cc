@@ -158,11 +158,14 @@ ParsedTurn ParseJsonCall(std::string_view text, size_t begin, size_t* end) {
   if (name == obj.end() || !name->is_string())
     return Malformed("the tool call has no \"name\" string");
   const std::string& n = name->get_ref<const std::string&>();
+  // Chat templates write the name between quotes as it is, unescaped (so does
+  // FormatToolCall): a quote or backslash in it could not be written back.
   bool printable = !n.empty() && n.size() <= kMaxJsonToolNameBytes;
-  for (char c : n) printable = printable && c > 0x20 && c < 0x7f;
+  for (char c : n) printable = printable && c > 0x20 && c < 0x7f && c != '"' && c != '\\';
   if (!printable)
-    return Malformed(fmt::format("tool name '{}' must be 1-{} printable ASCII characters",
-                                 Excerpt(n), kMaxJsonToolNameBytes));
+    return Malformed(fmt::format(
+        "tool name '{}' must be 1-{} printable ASCII characters, no quote or backslash",
+        Excerpt(n), kMaxJsonToolNameBytes));
   json args = json::object();
   int arg_keys = 0;
   for (auto it = obj.begin(); it != obj.end(); ++it) {
@@ -347,11 +350,21 @@ Result<std::vector<ToolCall>> ReadToolCalls(const json& tool_calls) {
   return out;
 }
 
-std::string AppendToolCalls(std::string content, const std::vector<ToolCall>& calls,
-                            ToolCallFormat format) {
-  for (const ToolCall& call : calls) {
+Status CheckToolName(std::string_view name, ToolCallFormat format) {
+  ParsedTurn back = ParseToolCall(FormatToolCall(name, json::object(), format), format);
+  if (back.kind == ParsedTurn::Kind::kCall && back.call.name == name) return Status::Ok();
+  return InvalidArgument("tool name '{}' cannot be written in the {} tool-call syntax ({}){}",
+                         Printable(name, 64), ToolCallFormatName(format), ToolCallSyntax(format),
+                         back.error.empty() ? "" : ": " + back.error);
+}
+
+Result<std::string> AppendToolCalls(std::string content, const std::vector<ToolCall>& calls,
+                                    ToolCallFormat format) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Status named = CheckToolName(calls[i].name, format);
+    if (!named.ok()) return named.WithContext(fmt::format("tool_calls[{}]", i));
     if (!content.empty() && format != ToolCallFormat::kLlama3Json) content += "\n";
-    content += FormatToolCall(call.name, call.args, format);
+    content += FormatToolCall(calls[i].name, calls[i].args, format);
   }
   return content;
 }

@@ -39,7 +39,9 @@ Result<envs::Message> ToMessage(const ojson& m, size_t index, envs::ToolCallForm
   if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
     auto calls = envs::ReadToolCalls(nlohmann::json::parse(m["tool_calls"].dump()));
     if (!calls.ok()) return calls.status().WithContext(fmt::format("message {}", index));
-    out.content = envs::AppendToolCalls(std::move(out.content), *calls, format);
+    auto text = envs::AppendToolCalls(std::move(out.content), *calls, format);
+    if (!text.ok()) return text.status().WithContext(fmt::format("message {}", index));
+    out.content = std::move(text).value();
   }
   return out;
 }

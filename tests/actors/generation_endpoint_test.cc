@@ -306,8 +306,9 @@ TEST_F(EndpointTest, StructuredToolCallsRenderAsTheRendererWritesThemAndRepliesP
     EXPECT_NE(*opening, *renderer_->RenderPrompt({{envs::Role::kUser, "abc"}}));
     auto calls = envs::ReadToolCalls(msgs[1]["tool_calls"]);
     ASSERT_TRUE(calls.ok());
-    auto reply = renderer_->RenderAssistantTurn(
-        envs::AppendToolCalls("", *calls, envs::ToolCallFormat::kTroupe));
+    auto written = envs::AppendToolCalls("", *calls, envs::ToolCallFormat::kTroupe);
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+    auto reply = renderer_->RenderAssistantTurn(*written);
     auto env = renderer_->RenderToolTurn("out");
     ASSERT_TRUE(reply.ok() && env.ok());
     std::vector<int32_t> want = *opening;
@@ -345,6 +346,14 @@ TEST_F(EndpointTest, StructuredToolCallsRenderAsTheRendererWritesThemAndRepliesP
   EXPECT_EQ(r.status, 422) << r.body.dump();
   EXPECT_EQ(r.body["error"]["param"], "tools");
   EXPECT_NE(r.body["error"]["message"].get<std::string>().find("Get-Weather"), std::string::npos);
+  json bad_call = {{"model", "policy"}, {"messages", msgs}};
+  bad_call["messages"][1]["tool_calls"][0]["function"]["name"] = "Get-Weather";
+  r = Post("/v1/chat/completions", bad_call);
+  EXPECT_EQ(r.status, 422) << r.body.dump();
+  EXPECT_NE(r.body["error"]["message"].get<std::string>().find(
+                "messages[1]: tool_calls[0]: tool name 'Get-Weather' cannot be written"),
+            std::string::npos)
+      << r.body.dump();
   r = Post("/v1/completions",
            {{"model", "policy"}, {"prompt", {1, 40}}, {"tools", kTools}, {"max_tokens", 2}});
   EXPECT_EQ(r.status, 400);

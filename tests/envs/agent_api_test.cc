@@ -269,10 +269,20 @@ TEST(OpenAiDecode, ToolsToolCallsAndStreamFields) {
   auto calls = ReadToolCalls(json::parse(R"([{"function":{"name":"get","arguments":{"k":1}}},
                                              {"name":"put"}])"));
   ASSERT_TRUE(calls.ok()) << calls.status().ToString();
-  EXPECT_EQ(AppendToolCalls("I will.", *calls, ToolCallFormat::kTroupe),
+  EXPECT_EQ(AppendToolCalls("I will.", *calls, ToolCallFormat::kTroupe).value(),
             "I will.\n<tool>get {\"k\":1}</tool>\n<tool>put</tool>");
-  EXPECT_EQ(AppendToolCalls("", {(*calls)[0]}, ToolCallFormat::kHermes),
+  EXPECT_EQ(AppendToolCalls("", {(*calls)[0]}, ToolCallFormat::kHermes).value(),
             "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"k\": 1}}\n</tool_call>");
+  // A name the syntax cannot write back is refused, naming the call.
+  auto odd = ReadToolCalls(json::parse(R"([{"name":"get"},{"name":"a\"b"}])"));
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  for (ToolCallFormat f : {ToolCallFormat::kTroupe, ToolCallFormat::kHermes}) {
+    auto refused = AppendToolCalls("", *odd, f);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("tool_calls[1]: tool name 'a\"b' cannot be written"),
+              std::string::npos)
+        << refused.status().message();
+  }
 }
 
 TEST(OpenAiEncode, ParsedToolCallsShapeTheChoice) {

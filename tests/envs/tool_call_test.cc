@@ -148,6 +148,9 @@ TEST(ToolCallFormats, HermesCallsParseAndFormatAsQwenWritesThem) {
            {"<tool_call>{\"name\": 7}</tool_call>", "no \"name\" string"},
            {"<tool_call>{\"name\": \"\"}</tool_call>", "1-64 printable ASCII"},
            {"<tool_call>{\"name\": \"a b\"}</tool_call>", "1-64 printable ASCII"},
+           // Templates write names unescaped: these could not be written back (fuzz seed 1391582614).
+           {"<tool_call>{\"name\": \"9\\\";FtJ\"}</tool_call>", "no quote or backslash"},
+           {"<tool_call>{\"name\": \"a\\\\b\"}</tool_call>", "no quote or backslash"},
            {"<tool_call>{\"name\": \"r\", \"arguments\": [1]}</tool_call>", "must be a JSON object, got array"},
            {"<tool_call>{\"name\": \"r\", \"arguments\": \"{oops\"}</tool_call>", "a string that is not a JSON object"},
            {"<tool_call>{\"name\": \"r\", \"args\": {}}</tool_call>", "unexpected key \"args\""},

@@ -19,8 +19,9 @@
 // kMaxToolArgsDepth levels of nesting.
 //
 // Hermes and Llama 3 calls take "arguments" or "parameters" (an object; null
-// or absent is {}), a name of 1-64 printable ASCII characters, no other keys,
-// and the same size and depth limits.
+// or absent is {}), a name of 1-64 printable ASCII characters (no quote or
+// backslash: templates write names unescaped), no other keys, and the same size
+// and depth limits.
 //
 // The parsers never throw: a turn yields no call, a malformed call (with a
 // message the model is shown), or a call. The argument readers check types and
@@ -96,9 +97,15 @@ Result<std::vector<ToolCall>> ReadToolCalls(const nlohmann::json& tool_calls);
 
 // A reply's text with its tool calls written after it in `format`, as Troupe renders
 // structured calls (`troupe chat-template --ids`, the generation endpoint): each call on its
-// own line after any text (llama3_json: no separator).
-std::string AppendToolCalls(std::string content, const std::vector<ToolCall>& calls,
-                            ToolCallFormat format);
+// own line after any text (llama3_json: no separator). InvalidArgument naming the call when
+// a name cannot be written in `format` (CheckToolName).
+Result<std::string> AppendToolCalls(std::string content, const std::vector<ToolCall>& calls,
+                                    ToolCallFormat format);
+
+// Ok when `name` written in `format` parses back as a call to the same name; otherwise
+// InvalidArgument naming it, the syntax and the parser's reason (a Troupe name must be
+// lowercase letters, digits and _; a Hermes/Llama 3 name has no quote or backslash).
+Status CheckToolName(std::string_view name, ToolCallFormat format);
 
 // Rewrites text written for Troupe's format (task instructions, examples,
 // demonstrations) into `format`: every well-formed <tool>...</tool> call, and
