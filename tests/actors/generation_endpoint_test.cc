@@ -693,8 +693,12 @@ class AgentPathTest : public EndpointTest {
 TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
   auto client = Client(Url());
   ASSERT_TRUE(client);
+  // The model is random: whether a reply earns a tool turn is chance (about a third of
+  // episodes have one), so play on until one has, within a bound that makes none left in
+  // 48 a bug (0.66^48 ~ 2e-9), not luck. Every episode played is checked.
   int multi_turn = 0;
-  for (uint64_t i = 0; i < 6; ++i) {
+  uint64_t played = 0;
+  for (uint64_t i = 0; i < 48 && (i < 6 || multi_turn == 0); ++i, ++played) {
     const std::string group = "g" + std::to_string(i);
     std::string body;
     auto ep = PlayAndVerify(*client, group, i, &body);
@@ -751,7 +755,7 @@ TEST_F(AgentPathTest, ReferenceAgentEpisodesParseMaskAndVerify) {
   }
   EXPECT_GT(multi_turn, 0) << "no episode had a second turn";
   auto st = client->Stats().at("ref");
-  EXPECT_EQ(st.attempts, 6u);
+  EXPECT_EQ(st.attempts, played);
 }
 
 // The reference agent with --stream: every model call is a server-sent event stream, the
