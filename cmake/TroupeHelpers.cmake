@@ -25,6 +25,44 @@ function(troupe_add_library name)
   troupe_warnings(troupe_${name})
 endfunction()
 
+# troupe_torch_pch(<target> SOURCES ...)
+# The listed sources (those that include the whole torch C++ API through
+# model.h or learner.h: ~14 s of parsing each) use one precompiled header of
+# <torch/nn/module.h> and <ATen/ATen.h>. The first target to call this owns it,
+# the others reuse it (one ~28 s header build for the whole project). The other
+# sources of the target skip it: loading the 400 MB header costs ~3.5 s, more
+# than a light torch include. Off with -DTROUPE_TORCH_PCH=OFF.
+function(troupe_torch_pch target)
+  cmake_parse_arguments(A "" "" "SOURCES" ${ARGN})
+  if(NOT TROUPE_TORCH_PCH)
+    return()
+  endif()
+  get_property(owner GLOBAL PROPERTY TROUPE_TORCH_PCH_OWNER)
+  if(owner)
+    target_precompile_headers(${target} REUSE_FROM ${owner})
+  else()
+    target_precompile_headers(${target} PRIVATE <torch/nn/module.h> <ATen/ATen.h>)
+    set_property(GLOBAL PROPERTY TROUPE_TORCH_PCH_OWNER ${target})
+  endif()
+  get_target_property(sources ${target} SOURCES)
+  foreach(src ${sources})
+    if(NOT src IN_LIST A_SOURCES)
+      set_source_files_properties(${src} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    endif()
+  endforeach()
+endfunction()
+
+# troupe_cold_code(<target>...)
+# Code that runs once per job or command (the CLI and the actor host's argument
+# parsing, the head, config and job parsing) is built at -O1 in Release: it is
+# mostly templates (CLI11, nlohmann::json, fmt, yaml-cpp) whose -O3 costs about
+# a third more build time, and none of it is on a per-token path.
+function(troupe_cold_code)
+  foreach(target ${ARGN})
+    target_compile_options(${target} PRIVATE $<$<CONFIG:Release>:-O1>)
+  endforeach()
+endfunction()
+
 # troupe_add_test(<name> SOURCES ... LIBS ... LABELS ... [TIMEOUT s] [SERIAL] [OWN_MAIN])
 # OWN_MAIN: the test defines main() itself (e.g. to re-exec itself as a child).
 # One executable per test file, registered with CTest (gtest_discover_tests would

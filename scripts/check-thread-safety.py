@@ -67,7 +67,10 @@ def clang_command(entry):
         if a.startswith(("-D", "-I", "-std=")):
             out.append(a)
         elif a in ("-isystem", "-include", "-iquote"):
-            out += [a, args[i + 1]]
+            # gcc's precompiled torch header (troupe_torch_pch) is not clang's: include the
+            # headers themselves.
+            if not (a == "-include" and args[i + 1].endswith("cmake_pch.hxx")):
+                out += [a, args[i + 1]]
             i += 1
         i += 1
     return out + [entry["file"]]

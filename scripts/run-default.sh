@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 # Only what the job runs (the CLI and the actor host), not every test and
 # benchmark: the test command builds those.
-TROUPE_BUILD_TARGETS="troupe troupe-actor" scripts/build.sh
+TROUPE_BUILD_TARGETS=troupe-run scripts/build.sh
 BUILD_DIR="${TROUPE_BUILD_DIR:-build}"
 exec "$BUILD_DIR/launcher/troupe" run configs/tiny_reverse.yaml "$@"
