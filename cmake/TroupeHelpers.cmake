@@ -32,7 +32,8 @@ endfunction()
 # Torch-free libraries share one precompiled header of what nearly every source
 # includes (nlohmann::json, spdlog, fmt, the standard containers): ~5 s to build
 # once, ~1-3 s less parsing per source. Owned by troupe_core (built first).
-# Nothing of torch: transport/ and launcher/ never see a torch header.
+# Nothing of torch: transport/ and launcher/ never see a torch header. Not for
+# targets that link torch: its -D_GLIBCXX_USE_CXX11_ABI makes gcc refuse it.
 function(troupe_common_pch target)
   if(NOT TROUPE_TORCH_PCH)
     return()
