@@ -35,17 +35,24 @@ endfunction()
 # Nothing of torch: transport/ and launcher/ never see a torch header. Not for
 # targets that link torch: its -D_GLIBCXX_USE_CXX11_ABI makes gcc refuse it.
 function(troupe_common_pch target)
+  troupe_shared_pch(TROUPE_COMMON_PCH_OWNER ${target}
+    <nlohmann/json.hpp> <spdlog/spdlog.h> <fmt/format.h>
+    <chrono> <functional> <map> <memory> <mutex> <optional> <string> <thread> <vector>)
+endfunction()
+
+# troupe_shared_pch(<owner property> <target> <header>...)
+# The first target given a property owns a precompiled header of <header>...;
+# later ones reuse it. Nothing when TROUPE_TORCH_PCH is off.
+function(troupe_shared_pch property target)
   if(NOT TROUPE_TORCH_PCH)
     return()
   endif()
-  get_property(owner GLOBAL PROPERTY TROUPE_COMMON_PCH_OWNER)
+  get_property(owner GLOBAL PROPERTY ${property})
   if(owner)
     target_precompile_headers(${target} REUSE_FROM ${owner})
   else()
-    target_precompile_headers(${target} PRIVATE
-      <nlohmann/json.hpp> <spdlog/spdlog.h> <fmt/format.h>
-      <chrono> <functional> <map> <memory> <mutex> <optional> <string> <thread> <vector>)
-    set_property(GLOBAL PROPERTY TROUPE_COMMON_PCH_OWNER ${target})
+    target_precompile_headers(${target} PRIVATE ${ARGN})
+    set_property(GLOBAL PROPERTY ${property} ${target})
   endif()
 endfunction()
 
@@ -62,13 +69,7 @@ function(troupe_torch_pch target)
   if(NOT TROUPE_TORCH_PCH)
     return()
   endif()
-  get_property(owner GLOBAL PROPERTY TROUPE_TORCH_PCH_OWNER)
-  if(owner)
-    target_precompile_headers(${target} REUSE_FROM ${owner})
-  else()
-    target_precompile_headers(${target} PRIVATE <torch/nn/module.h> <ATen/ATen.h>)
-    set_property(GLOBAL PROPERTY TROUPE_TORCH_PCH_OWNER ${target})
-  endif()
+  troupe_shared_pch(TROUPE_TORCH_PCH_OWNER ${target} <torch/nn/module.h> <ATen/ATen.h>)
   get_target_property(sources ${target} SOURCES)
   foreach(src ${sources})
     if(NOT src IN_LIST A_SOURCES)
