@@ -32,7 +32,8 @@ endfunction()
 # Torch-free libraries share one precompiled header of what nearly every source
 # includes (nlohmann::json, spdlog, fmt, the standard containers): ~5 s to build
 # once, ~1-3 s less parsing per source. Owned by troupe_core (built first).
-# Nothing of torch: transport/ and launcher/ never see a torch header. Not for
+# Nothing of torch: transport/ and launcher/ never see a torch header (CTest
+# torch_free_check). Not for
 # targets that link torch: its -D_GLIBCXX_USE_CXX11_ABI makes gcc refuse it.
 function(troupe_common_pch target)
   troupe_shared_pch(TROUPE_COMMON_PCH_OWNER ${target}
@@ -66,9 +67,6 @@ endfunction()
 # precompiled headers (this one and troupe_common_pch).
 function(troupe_torch_pch target)
   cmake_parse_arguments(A "" "" "SOURCES" ${ARGN})
-  if(NOT TROUPE_TORCH_PCH)
-    return()
-  endif()
   troupe_shared_pch(TROUPE_TORCH_PCH_OWNER ${target} <torch/nn/module.h> <ATen/ATen.h>)
   get_target_property(sources ${target} SOURCES)
   foreach(src ${sources})

@@ -19,6 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def run_one(build, seed, timeout):
+    # One thread per actor process: not a peer setting (chaos.py has no peer, README says why),
+    # several actors share the 2 cores and OpenMP's spin-waiting would starve them.
     env = dict(os.environ, TROUPE_CHAOS_SEED=str(seed), TROUPE_BUILD_DIR=build,
                TROUPE_SOURCE_DIR=ROOT, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
     binary = os.path.join(build, "tests", "e2e", "e2e_chaos_test")
