@@ -38,6 +38,18 @@
 
 namespace troupe::actors {
 
+// What a rollout actor asks the learner for (Credit.requested, its whole
+// current want): enough to keep `max_in_flight` groups generating plus
+// `reserve` granted groups in hand, less what it holds (`credits` not
+// started, `in_flight` started), in whole messages of `unit` groups. The
+// reserve refills a finished group's slot at once: the learner answers
+// between optimizer steps, and without it each freed slot waited a round trip.
+inline int64_t RolloutCreditWant(int64_t max_in_flight, int64_t reserve, int64_t credits,
+                                 int64_t in_flight, int64_t unit) {
+  int64_t want = max_in_flight + reserve - credits - in_flight;
+  return want > 0 ? want / unit * unit : 0;
+}
+
 class CreditBook {
  public:
   // `self` is the learner process's incarnation: the grants it makes carry it.

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batch_codec.h"
+#include "credit_book.h"
 #include "role_common.h"
 #include "roles.h"
 #include "troupe/actors/generation_endpoint.h"
@@ -426,10 +427,9 @@ void RolloutRole::PollCredits() {
 
 void RolloutRole::RequestCredits() {
   if (!credit_sock_ || rt_.should_exit()) return;
-  const int64_t unit = job_.batch.groups_per_message;
-  int64_t want = static_cast<int64_t>(job_.rollout_settings.max_groups_in_flight) - credits_ -
-                 static_cast<int64_t>(in_flight_.size());
-  want = want / unit * unit;  // whole messages only
+  const int64_t want = RolloutCreditWant(
+      job_.rollout_settings.max_groups_in_flight, job_.rollout_settings.credit_reserve, credits_,
+      static_cast<int64_t>(in_flight_.size()), job_.batch.groups_per_message);
   if (want <= 0) return;
   auto now = std::chrono::steady_clock::now();
   if (last_request_ &&

@@ -12,13 +12,15 @@
      faster with lag on a long-tailed task); also updates to the target, updates
      per second and response lengths. `async`: the default task (short, even
      responses); `async_multiturn`: multi-turn tool episodes
-     (configs/multiturn_file_reverse.yaml from one shared warm start).
+     (configs/multiturn_file_reverse.yaml); `async_longtail`: long-tailed response
+     lengths (configs/longtail_reverse.yaml); each of the last two from one shared
+     warm start.
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
      (bench/actors/standalone_rollout), in the same run (target: >= 0.9); the
      wall-clock ratio is reported too (on 2 cores the learner takes its share).
 
-Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,overhead] [--rounds 3]
+Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
 """
 import argparse, atexit, json, os, re, shutil, subprocess, sys, tempfile, time
@@ -163,21 +165,37 @@ def bench_async(a):
     return lag_runs(a, CONFIG, [], a.async_target, a.async_seconds, "async_")
 
 
+def warm_start_once(a, config, given):
+    """One supervised warm start of `config` for every lag run (its first checkpoint, before
+    RL), or `given` when set: the runs then differ only in their RL."""
+    if given:
+        return given
+    _, _, runs = troupe_run(a.build, ["stop.max_steps=1", "eval.every_steps=0"], a.timeout,
+                            with_runs=True, config=config)
+    ckpts = sorted(c for c in os.listdir(os.path.join(runs, "latest", "checkpoints")) if c.startswith("ckpt-"))
+    warm = os.path.join(runs, "latest", "checkpoints", ckpts[0])
+    sys.stderr.write(f"warm start of {os.path.basename(config)}: {warm}\n")
+    return warm
+
+
 def bench_async_multiturn(a):
     """Multi-turn tool episodes (configs/multiturn_file_reverse.yaml: read w.txt, submit the
-    word reversed; 2-4 turns, ~30-100 tokens an episode with tool output between turns): the
-    long-tailed case, where a lag-0 update waits for the batch's slowest episode. One warm
-    start (475 supervised steps) is made first and every run starts from its checkpoint."""
+    word reversed; 2 model turns and a tool output, ~80 tokens an episode), from one shared
+    warm start (475 supervised steps)."""
     config = os.path.join(ROOT, "configs", "multiturn_file_reverse.yaml")
-    warm = a.multiturn_init_from
-    if not warm:
-        _, _, runs = troupe_run(a.build, ["stop.max_steps=1", "eval.every_steps=0"], a.timeout,
-                                with_runs=True, config=config)
-        ckpts = sorted(c for c in os.listdir(os.path.join(runs, "latest", "checkpoints")) if c.startswith("ckpt-"))
-        warm = os.path.join(runs, "latest", "checkpoints", ckpts[0])  # the warm start's, before RL
-        sys.stderr.write(f"multiturn warm start: {warm}\n")
+    warm = warm_start_once(a, config, a.multiturn_init_from)
     sets = ["warm_start.steps=0", "warm_start.init_from=" + warm, "eval.prompts=%d" % a.multiturn_eval_prompts]
     return lag_runs(a, config, sets, a.multiturn_target, a.multiturn_seconds, "multiturn_")
+
+
+def bench_async_longtail(a):
+    """Long-tailed response lengths (configs/longtail_reverse.yaml: words of 3-64 letters with
+    P(len) ~ len^-2, responses of 4-65 tokens): a lag-0 update waits for its slowest groups,
+    decoded in ever smaller batches. From one shared warm start (200 supervised steps)."""
+    config = os.path.join(ROOT, "configs", "longtail_reverse.yaml")
+    warm = warm_start_once(a, config, a.longtail_init_from)
+    sets = ["warm_start.steps=0", "warm_start.init_from=" + warm]
+    return lag_runs(a, config, sets, a.longtail_target, a.longtail_seconds, "longtail_")
 
 
 def bench_overhead(a):
@@ -217,7 +235,7 @@ def bench_overhead(a):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--only", default="default,async,async_multiturn,overhead")
+    ap.add_argument("--only", default="default,async,async_multiturn,async_longtail,overhead")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--reference-seconds", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3, help="default-job rounds (alternating order)")
@@ -232,12 +250,16 @@ def main():
     ap.add_argument("--multiturn-eval-prompts", type=int, default=200)
     ap.add_argument("--multiturn-init-from", default="",
                     help="a warm-start checkpoint of configs/multiturn_file_reverse.yaml (default: make one)")
+    ap.add_argument("--longtail-target", type=float, default=0.65)
+    ap.add_argument("--longtail-seconds", type=int, default=300)
+    ap.add_argument("--longtail-init-from", default="",
+                    help="a warm-start checkpoint of configs/longtail_reverse.yaml (default: make one)")
     ap.add_argument("--overhead-steps", type=int, default=300)
     a = ap.parse_args()
     res = {"bench": "job"}
     for part in a.only.split(","):
         fn = {"default": bench_default, "async": bench_async, "async_multiturn": bench_async_multiturn,
-              "overhead": bench_overhead}[part]
+              "async_longtail": bench_async_longtail, "overhead": bench_overhead}[part]
         r = fn(a)
         sys.stderr.write(f"{part}: {json.dumps(r)}\n")
         res.update(r)

@@ -91,11 +91,13 @@ Status TaskConfig::Validate() const {
   if (prompt_style != "compact" && prompt_style != "verbose")
     return InvalidArgument("task '{}': prompt_style '{}' is not one of compact, verbose", name,
                            prompt_style);
-  if (min_len < 1 || max_len < min_len || max_len > 32)
+  if (min_len < 1 || max_len < min_len || max_len > 128)
     return InvalidArgument(
         "task '{}': min_len = {}, max_len = {} must satisfy 1 <= min_len <= "
-        "max_len <= 32",
+        "max_len <= 128",
         name, min_len, max_len);
+  if (!(length_power >= 0 && length_power <= 8))
+    return InvalidArgument("task '{}': length_power = {} must be in [0, 8]", name, length_power);
   if (min_digits < 1 || max_digits < min_digits || max_digits > 18)
     return InvalidArgument(
         "task '{}': min_digits = {}, max_digits = {} must satisfy 1 <= "
@@ -256,6 +258,8 @@ void Describe(Binder& b, TaskConfig& c) {
           "compact (short, for char models) | verbose (English instruction)");
   b.Field("min_len", &c.min_len, "letters per word, at least (reverse, sort, file tasks)");
   b.Field("max_len", &c.max_len, "letters per word, at most");
+  b.Field("length_power", &c.length_power,
+          "word lengths: 0 = uniform, p > 0 = P(len) ~ len^-p (long-tailed)");
   b.Field("min_digits", &c.min_digits, "digits per operand, at least (add)");
   b.Field("max_digits", &c.max_digits, "digits per operand, at most (add)");
   b.Field("max_number", &c.max_number, "largest number in word problems");

@@ -13,16 +13,28 @@ constexpr uint64_t kEvalTag = 0x6576616cULL;     // "eval"
 constexpr uint64_t kMaxTrainAttempts = 100000;
 }  // namespace
 
-std::string RandomWord(Rng& rng, int64_t min_len, int64_t max_len) {
-  int64_t len = rng.Uniform(min_len, max_len);
+std::string RandomWord(Rng& rng, const TaskConfig& c) {
+  int64_t len = c.min_len;
+  if (c.length_power == 0) {
+    len = rng.Uniform(c.min_len, c.max_len);  // the prompt sets of earlier versions, unchanged
+  } else {
+    double total = 0;
+    for (int64_t l = c.min_len; l <= c.max_len; ++l)
+      total += std::pow(static_cast<double>(l), -c.length_power);
+    double u = rng.UniformReal() * total;
+    for (len = c.min_len; len < c.max_len; ++len) {
+      u -= std::pow(static_cast<double>(len), -c.length_power);
+      if (u < 0) break;
+    }
+  }
   std::string w(static_cast<size_t>(len), 'a');
   for (auto& c : w) c = static_cast<char>('a' + rng.Uniform(0, 25));
   return w;
 }
 
-double WordSpace(int64_t min_len, int64_t max_len) {
+double WordSpace(const TaskConfig& c) {
   double total = 0;
-  for (int64_t l = min_len; l <= max_len; ++l) total += std::pow(26.0, static_cast<double>(l));
+  for (int64_t l = c.min_len; l <= c.max_len; ++l) total += std::pow(26.0, static_cast<double>(l));
   return total;
 }
 

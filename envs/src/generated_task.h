@@ -59,10 +59,12 @@ class GeneratedTask : public Task {
   std::unordered_set<std::string> eval_keys_;
 };
 
-// A random lowercase word with a length in [min_len, max_len].
-std::string RandomWord(Rng& rng, int64_t min_len, int64_t max_len);
-// Number of lowercase words with lengths in [min_len, max_len].
-double WordSpace(int64_t min_len, int64_t max_len);
+// A random lowercase word of c.min_len..c.max_len letters: every length equally
+// likely when c.length_power is 0, else P(len) proportional to len^-length_power
+// (a long tail of long words).
+std::string RandomWord(Rng& rng, const TaskConfig& c);
+// Number of lowercase words of c.min_len..c.max_len letters.
+double WordSpace(const TaskConfig& c);
 
 // One built-in task kind: the name a job file gives as `kind:`, whether its tasks run
 // multi-turn episodes in a tool environment, and its factory. TaskKinds() (task.cc) is the

@@ -236,13 +236,13 @@ class FileReverseTask final : public MultiTurnTask {
 
  protected:
   GeneratedSample Generate(Rng& rng) const override {
-    std::string w = RandomWord(rng, config().min_len, config().max_len);
+    std::string w = RandomWord(rng, config());
     std::string user = compact() ? "reverse the word in w.txt"
                                  : "The file w.txt holds one word. Read it, then submit the word "
                                    "spelled backwards: <tool>submit {\"answer\": \"...\"}</tool>";
     return {w, std::move(user), std::string(w.rbegin(), w.rend()), SafeDump(json{{"word", w}})};
   }
-  double SpaceSize() const override { return WordSpace(config().min_len, config().max_len); }
+  double SpaceSize() const override { return WordSpace(config()); }
   const std::vector<ToolSpec>& Specs() const override { return WorkspaceToolSpecs(); }
 };
 
@@ -283,7 +283,7 @@ class FileSortTask final : public MultiTurnTask {
 
  protected:
   GeneratedSample Generate(Rng& rng) const override {
-    std::string w = RandomWord(rng, config().min_len, config().max_len);
+    std::string w = RandomWord(rng, config());
     std::string sorted = w;
     std::sort(sorted.begin(), sorted.end());
     std::string user = compact()
@@ -292,7 +292,7 @@ class FileSortTask final : public MultiTurnTask {
                              "to out.txt, then submit.";
     return {w, std::move(user), std::move(sorted), SafeDump(json{{"word", w}})};
   }
-  double SpaceSize() const override { return WordSpace(config().min_len, config().max_len); }
+  double SpaceSize() const override { return WordSpace(config()); }
   const std::vector<ToolSpec>& Specs() const override { return WorkspaceToolSpecs(); }
 };
 

@@ -15,12 +15,12 @@ class ReverseTask final : public GeneratedTask {
 
  protected:
   GeneratedSample Generate(Rng& rng) const override {
-    std::string w = RandomWord(rng, config().min_len, config().max_len);
+    std::string w = RandomWord(rng, config());
     std::string rev(w.rbegin(), w.rend());
     std::string user = compact() ? w : "Reverse the string: " + w;
     return {w, std::move(user), std::move(rev), ""};
   }
-  double SpaceSize() const override { return WordSpace(config().min_len, config().max_len); }
+  double SpaceSize() const override { return WordSpace(config()); }
 };
 
 // Sort the letters of a word: "sort dcab" -> "abcd".
@@ -30,13 +30,13 @@ class SortTask final : public GeneratedTask {
 
  protected:
   GeneratedSample Generate(Rng& rng) const override {
-    std::string w = RandomWord(rng, config().min_len, config().max_len);
+    std::string w = RandomWord(rng, config());
     std::string sorted = w;
     std::sort(sorted.begin(), sorted.end());
     std::string user = compact() ? "sort " + w : "Sort the letters of " + w + " alphabetically.";
     return {w, std::move(user), std::move(sorted), ""};
   }
-  double SpaceSize() const override { return WordSpace(config().min_len, config().max_len); }
+  double SpaceSize() const override { return WordSpace(config()); }
 };
 
 int64_t Pow10(int64_t d) {

@@ -92,6 +92,8 @@ void Describe(Binder& b, RolloutSettings& c) {
   b.Field("max_groups_in_flight", &c.max_groups_in_flight, "groups generating at once per actor");
   b.Field("outbox_messages", &c.outbox_messages,
           "unacknowledged batches held before generation blocks");
+  b.Field("credit_reserve", &c.credit_reserve,
+          "granted groups held beyond max_groups_in_flight, to refill finished slots at once");
   b.Field("credit_timeout_ms", &c.credit_timeout_ms,
           "re-ask the learner for credits after this silence");
   b.Field("drain_timeout_ms", &c.drain_timeout_ms,

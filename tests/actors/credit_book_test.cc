@@ -25,6 +25,41 @@ TEST(CreditBook, GrantsStayWithinTheLagWindowInWholeMessages) {
   EXPECT_EQ(Total(book.Grant()), 16);
 }
 
+// One rollout actor (16 groups generating at most, 16 in reserve) against the
+// book: the first grants fill its engine and its reserve; every group that
+// finishes is replaced from the reserve at once, so the engine stays full while
+// the learner has capacity; and what it holds never exceeds the lag window.
+TEST(CreditBook, ARolloutReserveKeepsTheEngineFullWithinTheWindow) {
+  EXPECT_EQ(RolloutCreditWant(16, 16, 0, 0, 4), 32);
+  EXPECT_EQ(RolloutCreditWant(16, 16, 13, 16, 4), 0);  // 3 short of a message: wait
+  EXPECT_EQ(RolloutCreditWant(16, 16, 12, 16, 4), 4);
+  EXPECT_EQ(RolloutCreditWant(16, 0, 0, 13, 4), 0);    // no reserve: a slot waits for 4
+  EXPECT_EQ(RolloutCreditWant(16, 16, 40, 16, 4), 0);  // more than asked (a late grant)
+  for (int64_t lag : {0, 1, 2, 8}) {
+    CreditBook book(lag, /*groups_per_update=*/16, /*unit=*/4);
+    int64_t credits = 0, in_flight = 0, finished = 0, full_steps = 0, steps = 0;
+    for (int step = 0; step < 400; ++step) {
+      book.Request("rollout-0", RolloutCreditWant(16, 16, credits, in_flight, 4));
+      credits += Total(book.Grant());
+      while (credits > 0 && in_flight < 16) --credits, ++in_flight;  // start groups
+      ASSERT_LE(credits + in_flight + finished, (lag + 1) * 16) << "lag " << lag;
+      ++steps;
+      full_steps += in_flight == 16;
+      --in_flight, ++finished;  // a group finishes
+      if (finished == 16) {     // an update's worth delivered and trained
+        ASSERT_EQ(book.Received("rollout-0", 0, 0, 16), 16);
+        book.Consumed(16);
+        finished = 0;
+      }
+    }
+    // With room for more than one update, the engine is full every step; at lag 0 it
+    // drains while the update's groups finish (the window holds one update).
+    if (lag >= 1) {
+      EXPECT_EQ(full_steps, steps) << "lag " << lag;
+    }
+  }
+}
+
 // A drained actor leaves holding grants it never used: without Reclaim the
 // remaining actor gets less than one update's worth and training stalls.
 TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {

@@ -1,9 +1,11 @@
 // Built-in tasks: determinism, disjoint splits, prompt formats, verifiers,
 // demonstrations and config errors.
+#include <cmath>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -329,6 +331,12 @@ TEST(TaskConfig, ErrorsNameTheProblem) {
   c.max_len = 2;
   expect_error(c, "min_len = 5");
   c = Config("reverse");
+  c.max_len = 129;
+  expect_error(c, "max_len = 129");
+  c = Config("reverse");
+  c.length_power = -1;
+  expect_error(c, "length_power = -1");
+  c = Config("reverse");
   c.scoring = "fuzzy";
   expect_error(c, "fuzzy");
   c = Config("reverse");
@@ -370,6 +378,33 @@ TEST(TaskConfig, EvalSizeBeyondTheProblemSpaceIsRejected) {
   EXPECT_NE(c.Validate().message().find("use eval_size <= 181"), std::string::npos)
       << c.Validate().message();
   EXPECT_FALSE(MakeTask(c).ok());
+}
+
+// length_power p draws word lengths with P(len) ~ len^-p: the counts of 20000 training
+// prompts follow it (each length within 5 standard deviations of its expectation), the
+// longest length still occurs, and p = 0 keeps every length equally likely.
+TEST(GeneratedTask, LengthPowerDrawsALongTail) {
+  for (double p : {0.0, 2.0}) {
+    TaskConfig c = Config("reverse");
+    c.min_len = 3;
+    c.max_len = 64;
+    c.length_power = p;
+    auto t = MakeTask(c);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    constexpr int kDraws = 20000;
+    std::vector<int> count(65, 0);
+    for (uint64_t i = 0; i < kDraws; ++i) ++count[(*t)->GetPrompt(Split::kTrain, i).reference.size()];
+    double total = 0;
+    for (int l = 3; l <= 64; ++l) total += std::pow(l, -p);
+    for (int l = 3; l <= 64; ++l) {
+      double q = std::pow(l, -p) / total, want = kDraws * q;
+      EXPECT_NEAR(count[l], want, 5 * std::sqrt(want * (1 - q)) + 1) << "length " << l << ", p " << p;
+    }
+    EXPECT_GT(count[64], 0) << "p " << p;
+    if (p > 0) {
+      EXPECT_GT(count[3], 10 * count[12]) << "short words dominate";
+    }
+  }
 }
 
 TEST(TaskRegistry, BuildsAndFindsTasks) {

@@ -65,6 +65,10 @@ struct TaskConfig {
   // Letters per word for reverse, sort, file_reverse, file_sort. Default 3..6.
   int64_t min_len = 3;
   int64_t max_len = 6;
+  // How word lengths are drawn: 0 (default) every length in min_len..max_len
+  // equally often; p > 0: P(len) proportional to len^-p, mostly short words
+  // with a long tail of long ones (long-tailed response lengths).
+  double length_power = 0;
   // Digits per operand for add. Default 1..3.
   int64_t min_digits = 1;
   int64_t max_digits = 3;

@@ -38,6 +38,11 @@ struct RolloutSettings {
   uint32_t max_groups_in_flight =
       16;                          // groups generating at once per actor (bounded by credits too)
   uint32_t outbox_messages = 256;  // unacknowledged batches an actor holds before it blocks
+  // Granted groups an actor keeps in hand beyond a full engine, so a finished
+  // group's slot refills at once rather than after a round trip to a learner
+  // that answers between optimizer steps (the learner's lag window still
+  // bounds every grant).
+  uint32_t credit_reserve = 16;
   uint32_t credit_timeout_ms = 1000;  // re-ask the learner for credits after this silence
   uint32_t drain_timeout_ms = 10000;  // on drain: time to finish and deliver in-flight work
   // Fault injection (tests, demos): the actor with this id holds every
