@@ -200,7 +200,7 @@ def bench_async_longtail(a):
 
 def bench_overhead(a):
     sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
-            "eval.every_steps=0"]
+            "eval.every_steps=0", "rollout.credit_reserve=%d" % a.credit_reserve]
     recs, _, runs = troupe_run(a.build, sets, a.timeout, with_runs=True)
     fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
     if not fin:
@@ -254,6 +254,8 @@ def main():
     ap.add_argument("--longtail-seconds", type=int, default=300)
     ap.add_argument("--longtail-init-from", default="",
                     help="a warm-start checkpoint of configs/longtail_reverse.yaml (default: make one)")
+    ap.add_argument("--credit-reserve", type=int, default=0,
+                    help="overhead: the job's rollout.credit_reserve (default 0, the default job's)")
     ap.add_argument("--overhead-steps", type=int, default=300)
     a = ap.parse_args()
     res = {"bench": "job"}

@@ -41,8 +41,10 @@ struct RolloutSettings {
   // Granted groups an actor keeps in hand beyond a full engine, so a finished
   // group's slot refills at once rather than after a round trip to a learner
   // that answers between optimizer steps (the learner's lag window still
-  // bounds every grant).
-  uint32_t credit_reserve = 16;
+  // bounds every grant). Default 0: with a reserve a restarted learner's
+  // window can stall (e2e KilledLearnerRestartsFromItsCheckpoint) and a slow
+  // actor hoards grants (more of its groups go stale); see docs/architecture.md.
+  uint32_t credit_reserve = 0;
   uint32_t credit_timeout_ms = 1000;  // re-ask the learner for credits after this silence
   uint32_t drain_timeout_ms = 10000;  // on drain: time to finish and deliver in-flight work
   // Fault injection (tests, demos): the actor with this id holds every
