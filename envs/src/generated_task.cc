@@ -28,7 +28,7 @@ std::string RandomWord(Rng& rng, const TaskConfig& c) {
     }
   }
   std::string w(static_cast<size_t>(len), 'a');
-  for (auto& c : w) c = static_cast<char>('a' + rng.Uniform(0, 25));
+  for (auto& ch : w) ch = static_cast<char>('a' + rng.Uniform(0, 25));
   return w;
 }
 
