@@ -1,5 +1,6 @@
 #include "generated_task.h"
 
+#include <array>
 #include <cmath>
 
 #include "troupe/core/check.h"
@@ -18,12 +19,13 @@ std::string RandomWord(Rng& rng, const TaskConfig& c) {
   if (c.length_power == 0) {
     len = rng.Uniform(c.min_len, c.max_len);  // the prompt sets of earlier versions, unchanged
   } else {
+    std::array<double, 129> weight{};  // max_len <= 128 (TaskConfig::Validate)
     double total = 0;
     for (int64_t l = c.min_len; l <= c.max_len; ++l)
-      total += std::pow(static_cast<double>(l), -c.length_power);
+      total += weight[static_cast<size_t>(l)] = std::pow(static_cast<double>(l), -c.length_power);
     double u = rng.UniformReal() * total;
     for (len = c.min_len; len < c.max_len; ++len) {
-      u -= std::pow(static_cast<double>(len), -c.length_power);
+      u -= weight[static_cast<size_t>(len)];
       if (u < 0) break;
     }
   }
