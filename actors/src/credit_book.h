@@ -56,9 +56,13 @@ class CreditBook {
   CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit, uint64_t self = 0)
       : lag_(max_lag), per_update_(groups_per_update), unit_(unit), self_(self) {}
 
-  // `peer` asks for `groups` (its current want, not an increment).
-  void Request(const std::string& peer, int64_t groups) {
-    pending_[peer] = std::max<int64_t>(0, groups);
+  // `peer` asks for `groups` (its current want, not an increment), having received
+  // `grants_seen` of the groups this book granted it (Credit.grantsSeen). Grants it has not
+  // received yet are in transit: they already answer part of the want, so an actor may re-send
+  // its want whenever it grows without being granted twice.
+  void Request(const std::string& peer, int64_t groups, int64_t grants_seen) {
+    const int64_t in_transit = std::max<int64_t>(0, granted_to_[peer] - grants_seen);
+    pending_[peer] = std::max<int64_t>(0, groups - in_transit);
   }
   // Granted groups whose fate the learner decided (trained or dropped): what
   // Received() returned for their batch.
@@ -96,6 +100,7 @@ class CreditBook {
         want -= unit_;
         cap -= unit_;
         granted_ += unit_;
+        granted_to_[peer] += unit_;
         outstanding_[peer] += unit_;
         auto it = std::find_if(out.begin(), out.end(), [&](auto& p) { return p.first == peer; });
         if (it == out.end())
@@ -110,6 +115,7 @@ class CreditBook {
   // A grant that never reached its actor.
   void Undo(const std::string& peer, int64_t groups) {
     granted_ -= groups;
+    granted_to_[peer] -= groups;
     auto it = outstanding_.find(peer);
     if (it != outstanding_.end()) it->second = std::max<int64_t>(0, it->second - groups);
   }
@@ -143,7 +149,8 @@ class CreditBook {
     if (known != 0 && incarnation != 0 && known != incarnation) {
       int64_t want = pending_.count(peer) ? pending_[peer] : 0;
       n = Reclaim(peer);
-      pending_[peer] = want;  // the new incarnation's request stands
+      granted_to_.erase(peer);  // the new process has seen none of the old one's grants
+      pending_[peer] = want;    // the new incarnation's request stands
     }
     if (incarnation != 0) known = incarnation;
     return n;
@@ -168,6 +175,7 @@ class CreditBook {
   int64_t granted_ = 0, consumed_ = 0;
   std::map<std::string, int64_t> pending_;      // what each actor wants
   std::map<std::string, int64_t> outstanding_;  // granted, not yet received, per actor
+  std::map<std::string, int64_t> granted_to_;   // granted to each actor's process, ever
   std::map<std::string, uint64_t> incarnation_;
 };
 

@@ -36,6 +36,7 @@
 #include "rollout_sampler.h"
 #include "troupe/broadcast/sender.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_name.h"
 #include "troupe/engine/engine.h"
 #include "troupe/engine/safetensors.h"
 #include "troupe/envs/episode_driver.h"
@@ -283,6 +284,7 @@ Status LearnerRole::StartEval() {
   r.update = RlUpdates();
   r.version = learner_->version();
   pending_eval_ = std::async(std::launch::async, [this, r, t0]() -> Result<EvalResult> {
+    SetThreadName("eval");
     TROUPE_ASSIGN_OR_RETURN(EvalResult done, RunEval(r));
     done.seconds = SecondsSince(t0);
     return done;
@@ -524,7 +526,7 @@ void LearnerRole::HandleCredit(const std::string& peer, const transport::InMessa
     Log().info("credits: {} is draining; {} groups granted to it and not started returned", peer,
                c.getReturned());
   } else {
-    credits_->Request(peer, c.getRequested());
+    credits_->Request(peer, c.getRequested(), static_cast<int64_t>(c.getGrantsSeen()));
   }
   SendGrants();
 }
@@ -744,8 +746,14 @@ void LearnerRole::Report(const trainer::StepMetrics& m) {
 Status LearnerRole::TrainStep() {
   auto m = learner_->Step();
   if (!m.ok()) {
-    if (m.status().code() == Code::kUnavailable)
-      return Status::Ok();  // stale data dropped; wait for more
+    // No update, but batches were decided: the ones it dropped as stale (kUnavailable: too few
+    // fresh ones left) or abandoned with a failed update. Their credits come back now, or with
+    // the whole window granted no rollout actor could start a group, nothing would refill the
+    // queue, and the job would stall (it did after a learner restart with credit_reserve 16).
+    ReleaseAcks(false);
+    SendGrants();
+    TROUPE_RETURN_IF_ERROR(CheckpointIfAcksPile());
+    if (m.status().code() == Code::kUnavailable) return Status::Ok();  // wait for more
     Log().error("update failed: {}", m.status().ToString());
     return Status::Ok();  // the batches are counted invalid; keep serving
   }

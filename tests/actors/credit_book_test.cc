@@ -15,8 +15,8 @@ int64_t Total(const std::vector<std::pair<std::string, int64_t>>& g) {
 
 TEST(CreditBook, GrantsStayWithinTheLagWindowInWholeMessages) {
   CreditBook book(/*max_lag=*/2, /*groups_per_update=*/16, /*unit=*/4);
-  book.Request("rollout-0", 100);
-  book.Request("rollout-1", 100);
+  book.Request("rollout-0", 100, 0);
+  book.Request("rollout-1", 100, 0);
   auto g = book.Grant();
   EXPECT_EQ(Total(g), 48);  // (2 + 1) updates x 16 groups
   for (const auto& [peer, k] : g) EXPECT_EQ(k % 4, 0) << peer;
@@ -37,10 +37,11 @@ TEST(CreditBook, ARolloutReserveKeepsTheEngineFullWithinTheWindow) {
   EXPECT_EQ(RolloutCreditWant(16, 16, 40, 16, 4), 0);  // more than asked (a late grant)
   for (int64_t lag : {0, 1, 2, 8}) {
     CreditBook book(lag, /*groups_per_update=*/16, /*unit=*/4);
-    int64_t credits = 0, in_flight = 0, finished = 0, full_steps = 0, steps = 0;
+    int64_t credits = 0, in_flight = 0, finished = 0, full_steps = 0, steps = 0, seen = 0;
     for (int step = 0; step < 400; ++step) {
-      book.Request("rollout-0", RolloutCreditWant(16, 16, credits, in_flight, 4));
-      credits += Total(book.Grant());
+      book.Request("rollout-0", RolloutCreditWant(16, 16, credits, in_flight, 4), seen);
+      const int64_t got = Total(book.Grant());
+      credits += got, seen += got;
       while (credits > 0 && in_flight < 16) --credits, ++in_flight;  // start groups
       ASSERT_LE(credits + in_flight + finished, (lag + 1) * 16) << "lag " << lag;
       ++steps;
@@ -64,9 +65,9 @@ TEST(CreditBook, ARolloutReserveKeepsTheEngineFullWithinTheWindow) {
 // remaining actor gets less than one update's worth and training stalls.
 TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
   CreditBook book(2, 16, 4);
-  book.Request("rollout-0", 100);
-  book.Request("rollout-1", 100);
-  book.Request("rollout-2", 100);
+  book.Request("rollout-0", 100, 0);
+  book.Request("rollout-1", 100, 0);
+  book.Request("rollout-2", 100, 0);
   ASSERT_EQ(Total(book.Grant()), 48);
   // rollout-0 delivers its 16; rollout-1 delivered 4 of its 16 before leaving;
   // rollout-2 delivered none.
@@ -75,8 +76,8 @@ TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
   book.Consumed(20);
   EXPECT_EQ(book.outstanding("rollout-1"), 12);
   EXPECT_EQ(book.outstanding("rollout-2"), 16);
-  book.Request("rollout-1", 0);
-  book.Request("rollout-2", 0);
+  book.Request("rollout-1", 0, 0);
+  book.Request("rollout-2", 0, 0);
   auto g = book.Grant();
   EXPECT_EQ(Total(g), 20);  // only what was consumed comes back: 28 groups are stuck
   EXPECT_EQ(book.Reclaim("rollout-1"), 12);
@@ -94,9 +95,9 @@ TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
 // waiting for it to leave (scale-down stalled training for the whole drain).
 TEST(CreditBook, ADrainingActorsReturnedGrantsGoToTheOthersAtOnce) {
   CreditBook book(2, 16, 4);
-  book.Request("rollout-0", 100);
-  book.Request("rollout-1", 100);
-  book.Request("rollout-2", 100);
+  book.Request("rollout-0", 100, 0);
+  book.Request("rollout-1", 100, 0);
+  book.Request("rollout-2", 100, 0);
   ASSERT_EQ(Total(book.Grant()), 48);  // 16 each
   // rollout-1 started 4 of its 16 groups and drains: 12 come back now.
   book.Return("rollout-1", 12);
@@ -117,13 +118,13 @@ TEST(CreditBook, ADrainingActorsReturnedGrantsGoToTheOthersAtOnce) {
 TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest) {
   CreditBook book(1, 8, 4);
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
-  book.Request("rollout-0", 8);
+  book.Request("rollout-0", 8, 0);
   ASSERT_EQ(Total(book.Grant()), 8);
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);  // same process: nothing
   EXPECT_EQ(book.capacity(), 8);
   // SIGKILLed with 8 groups granted and undelivered; the new process asks again.
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xb), 8);
-  book.Request("rollout-0", 16);
+  book.Request("rollout-0", 16, 0);
   EXPECT_EQ(Total(book.Grant()), 16);
   // A late batch of the old process is not the new one's grant: it frees nothing.
   EXPECT_EQ(book.Received("rollout-0", 0xa, 0, 4), 0);
@@ -142,7 +143,7 @@ TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest)
 // the window run ahead for good, and half of every later update arrived stale.
 TEST(CreditBook, GroupsAnotherLearnerProcessGrantedDoNotWidenTheWindow) {
   CreditBook book(2, 16, 4, /*self=*/0x1e);
-  book.Request("rollout-0", 100);
+  book.Request("rollout-0", 100, 0);
   ASSERT_EQ(Total(book.Grant()), 48);
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
   // 60 groups granted by the previous learner process (0x1d) arrive.
@@ -156,14 +157,45 @@ TEST(CreditBook, GroupsAnotherLearnerProcessGrantedDoNotWidenTheWindow) {
   EXPECT_EQ(Total(book.Grant()), 16);
 }
 
+// A rollout actor re-sends its whole want as soon as it grows (a group finished), without
+// waiting for the answer to the last one: the learner then answers the current want, so
+// grants arrive in large pieces and the engine's batches stay full. Grants the actor has not
+// received yet are counted against the re-sent want: nothing is granted twice.
+TEST(CreditBook, AWantReSentBeforeItsGrantArrivesIsNotGrantedTwice) {
+  CreditBook book(/*max_lag=*/8, /*groups_per_update=*/16, /*unit=*/4);
+  book.Request("rollout-0", 16, 0);
+  ASSERT_EQ(Total(book.Grant()), 16);  // in transit
+  // Before the grant lands, 4 of its earlier groups finish: the want, re-sent, is 20 of which
+  // 16 are on their way.
+  book.Request("rollout-0", 20, 0);
+  EXPECT_EQ(Total(book.Grant()), 4);
+  // It has both grants now; its want is met.
+  book.Request("rollout-0", 0, 20);
+  EXPECT_EQ(Total(book.Grant()), 0);
+  // A want that arrives after its grants were seen is answered in full.
+  book.Request("rollout-0", 8, 20);
+  EXPECT_EQ(Total(book.Grant()), 8);
+  // An actor never reports more than it was granted; if it did, nothing goes negative.
+  book.Request("rollout-0", 4, 1000);
+  EXPECT_EQ(Total(book.Grant()), 4);
+  // A new process of the actor has seen none of the old one's grants.
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xb), 32);
+  book.Request("rollout-0", 12, 0);
+  EXPECT_EQ(Total(book.Grant()), 12);
+}
+
 TEST(CreditBook, UndoneGrantsAreNotOutstanding) {
   CreditBook book(0, 8, 4);
-  book.Request("rollout-0", 8);
+  book.Request("rollout-0", 8, 0);
   ASSERT_EQ(Total(book.Grant()), 8);
   book.Undo("rollout-0", 8);  // never reached the actor
   EXPECT_EQ(book.outstanding("rollout-0"), 0);
   EXPECT_EQ(book.capacity(), 8);
   EXPECT_TRUE(book.PeersWithOutstanding().empty());
+  // Nor in transit: the actor's next want (it saw none of them) is answered in full.
+  book.Request("rollout-0", 8, 0);
+  EXPECT_EQ(Total(book.Grant()), 8);
 }
 
 }  // namespace

@@ -408,5 +408,9 @@ struct Credit {
   outstanding @3 :UInt32;      # rollout -> learner: groups granted but not yet sent
   returned @4 :UInt32;         # rollout -> learner: granted groups it will never start
                                # (it is draining); the learner grants them to others
+  grantsSeen @5 :UInt64;       # rollout -> learner: groups granted to it by this learner
+                               # process that it has received so far; the learner treats
+                               # its later grants as in transit and subtracts them from
+                               # `requested`, so a want re-sent early is never granted twice
 }
 
