@@ -16,6 +16,7 @@
 #include "troupe/core/check.h"
 #include "troupe/core/cpu_time.h"
 #include "troupe/core/log.h"
+#include "troupe/core/thread_name.h"
 #include "troupe/engine/logprob.h"
 
 namespace troupe::engine {
@@ -318,7 +319,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   Log().info("{} on {}, {} slots x {} positions, KV cache {:.1f} MiB", config.model.ToString(),
              device.str(), config.num_slots, config.CacheLen(),
              static_cast<double>(e->loop_->cache.bytes()) / (1 << 20));
-  e->thread_ = std::thread([raw = e.get()] { raw->ThreadMain(); });
+  e->thread_ = std::thread([raw = e.get()] {
+    SetThreadName("engine");
+    raw->ThreadMain();
+  });
   return e;
 }
 
@@ -443,21 +447,91 @@ void Engine::EndUpdate(uint64_t version, bool ok) {
   cv_.notify_all();
 }
 
+struct Engine::QueuedUpdate {
+  uint64_t version = 0;
+  bool allow_rollback = false;
+  const NamedTensors* named = nullptr;
+  bool started = false, done = false;
+  Status status;
+};
+
 Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadline deadline,
                              bool allow_rollback) {
-  TROUPE_RETURN_IF_ERROR(BeginUpdate(version, deadline, allow_rollback));
-  Status st;
-  try {
-    // A LoRA engine never keeps generating with stale adapters: every update carries them.
-    LoadOptions opts;
-    opts.require_adapters = config_.model.lora.enabled();
-    st = model_->LoadNamed(named, opts);
-  } catch (const std::exception& e) {
-    st = Internal("weight update to version {} failed: {}", version, e.what());
+  QueuedUpdate u;
+  u.version = version;
+  u.allow_rollback = allow_rollback;
+  u.named = &named;
+  MutexLock l(mu_);
+  if (stop_ || thread_exited_) return Unavailable("engine is stopping");
+  if (version < version_ && !allow_rollback)
+    return InvalidArgument("weight update to version {} is older than the engine's version {}",
+                           version, version_);
+  update_queue_.push_back(&u);
+  ++updates_waiting_;
+  // A busy engine thread finds the update at its next step boundary by itself: only a
+  // sleeping one needs waking (each wake-up is a cross-core interrupt on 2 shared cores).
+  if (engine_sleeping_) cv_.notify_all();
+  const bool in_time = cv_.wait_until(
+      l, deadline.at(), [&]() TROUPE_REQUIRES(mu_) { return u.done || thread_exited_; });
+  if (!in_time && !u.started) {
+    update_queue_.erase(std::find(update_queue_.begin(), update_queue_.end(), &u));
+    --updates_waiting_;
+    cv_.notify_all();
+    return Timeout(
+        "weight update to version {} waited past its deadline for generation "
+        "({} pinned batches in flight)",
+        version, pins_);
   }
-  EndUpdate(version, st.ok());
-  if (st.ok()) Log().debug("weights updated to version {}", version);
-  return st;
+  // Started: the copy is bounded, `named` must outlive it. A stopped engine thread never
+  // starts one (it leaves the queue to this wait).
+  while (!u.done && !thread_exited_) {
+    cv_.wait_until(l, Deadline::InMs(1000).at(),
+                   [&]() TROUPE_REQUIRES(mu_) { return u.done || thread_exited_; });
+  }
+  if (!u.done) {
+    auto it = std::find(update_queue_.begin(), update_queue_.end(), &u);
+    if (it != update_queue_.end()) {
+      update_queue_.erase(it);
+      --updates_waiting_;
+    }
+    return Unavailable("engine stopped before applying the weight update to version {}", version);
+  }
+  if (u.status.ok()) Log().debug("weights updated to version {}", version);
+  return u.status;
+}
+
+// On the engine thread, between steps, with no pinned batch in flight: applies the queued
+// updates in order. Returns with mu_ held (it is released around each copy).
+void Engine::ApplyQueuedUpdates(MutexLock& l) {
+  while (!update_queue_.empty()) {
+    QueuedUpdate& u = *update_queue_.front();
+    update_queue_.pop_front();
+    u.started = true;
+    Status st;
+    if (u.version < version_ && !u.allow_rollback) {
+      st = InvalidArgument("weight update to version {} is older than the engine's version {}",
+                           u.version, version_);
+    } else {
+      l.Unlock();
+      try {
+        // A LoRA engine never keeps generating with stale adapters: every update carries them.
+        LoadOptions opts;
+        opts.require_adapters = config_.model.lora.enabled();
+        st = model_->LoadNamed(*u.named, opts);
+      } catch (const std::exception& e) {
+        st = Internal("weight update to version {} failed: {}", u.version, e.what());
+      }
+      l.Lock();
+    }
+    if (st.ok()) {
+      version_ = u.version;
+      ++stats_.weight_updates;
+    }
+    u.status = std::move(st);
+    u.done = true;
+    --updates_waiting_;
+  }
+  cv_.notify_all();
 }
 
 Status Engine::UpdateWeightsInPlace(uint64_t version,
@@ -875,13 +949,24 @@ void Engine::ThreadMain() {
     {
       MutexLock l(mu_);
       for (;;) {
+        // Weight updates go first, between steps, on this thread (UpdateWeights).
+        const auto update_due = [&]() TROUPE_REQUIRES(mu_) {
+          return !update_queue_.empty() && pins_ == 0 && !update_running_;
+        };
+        if (update_due()) {
+          ApplyQueuedUpdates(l);
+          continue;
+        }
         const bool gate_closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);
         const bool has_work = !queue_.empty() || L.active > 0 || !L.pending.empty();
         if (stop_ || (!gate_closed && has_work)) break;
+        engine_sleeping_ = true;
         cv_.wait_until(l, Deadline::InMs(1000).at(), [&]() TROUPE_REQUIRES(mu_) {
+          if (update_due()) return true;
           const bool closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);
           return stop_ || (!closed && (!queue_.empty() || L.active > 0 || !L.pending.empty()));
         });
+        engine_sleeping_ = false;
       }
       stopping = stop_;
       while (!queue_.empty()) {
@@ -894,6 +979,9 @@ void Engine::ThreadMain() {
     if (stopping) {
       L.AbortAll(Unavailable("engine stopped"), /*include_pending=*/true);
       L.Publish(*this);
+      MutexLock l(mu_);
+      thread_exited_ = true;
+      cv_.notify_all();
       return;
     }
     L.Step();

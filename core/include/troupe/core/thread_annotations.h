@@ -48,6 +48,9 @@ class TROUPE_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) TROUPE_ACQUIRE(mu) : lock_(mu.native()) {}
   ~MutexLock() TROUPE_RELEASE() = default;
+  // Releases the lock for a section that must run without it; Lock() takes it back.
+  void Unlock() TROUPE_RELEASE() { lock_.unlock(); }
+  void Lock() TROUPE_ACQUIRE() { lock_.lock(); }
   std::unique_lock<std::mutex>& native() { return lock_; }
 
  private:
