@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "troupe/core/log.h"
+#include "troupe/core/thread_name.h"
 
 namespace troupe::actors {
 namespace {
@@ -14,7 +15,10 @@ spdlog::logger& Log() {
 }  // namespace
 
 AsyncBroadcaster::AsyncBroadcaster(broadcast::WeightSender* sender)
-    : sender_(sender), thread_([this] { Loop(); }) {}
+    : sender_(sender), thread_([this] {
+        SetThreadName("weights-publish");
+        Loop();
+      }) {}
 
 AsyncBroadcaster::~AsyncBroadcaster() {
   {

@@ -1,5 +1,6 @@
 // Background destruction of failed groups (reaper.h).
 #include "reaper.h"
+#include "troupe/core/thread_name.h"
 
 namespace troupe::broadcast {
 
@@ -16,7 +17,11 @@ void Reaper::Add(std::shared_ptr<void> thing) {
   if (!thing) return;
   MutexLock lock(mu_);
   queue_.push_back(std::move(thing));
-  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  if (!thread_.joinable())
+    thread_ = std::thread([this] {
+      SetThreadName("reaper");
+      Run();
+    });
   cv_.notify_all();
 }
 

@@ -19,6 +19,7 @@
 #include "troupe/broadcast/layout.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
+#include "troupe/core/thread_name.h"
 #include "troupe/transport/socket.h"
 
 namespace troupe::broadcast {
@@ -176,7 +177,10 @@ Status WeightReceiver::Impl::Start() {
   poller_->Add(control_.get());
   Log().info("weights receiver {} (data {}) -> learner {}", id_, data_endpoint_,
              config_.learner_endpoint);
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    SetThreadName("weights-recv");
+    Run();
+  });
   return Status::Ok();
 }
 

@@ -11,6 +11,7 @@
 #include "chunk_stream.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
+#include "troupe/core/thread_name.h"
 
 namespace troupe::broadcast {
 namespace {
@@ -456,7 +457,10 @@ Result<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(
   state->poller = network->NewPoller();
   state->poller->Add(state->socket.get());
   State* raw = state.get();
-  state->thread = std::thread([raw] { raw->Run(); });
+  state->thread = std::thread([raw] {
+    SetThreadName("rendezvous");
+    raw->Run();
+  });
   std::unique_ptr<RendezvousServer> server(new RendezvousServer());
   server->state_ = std::move(state);
   return server;

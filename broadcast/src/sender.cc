@@ -18,6 +18,7 @@
 #include "troupe/core/check.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
+#include "troupe/core/thread_name.h"
 #include "troupe/transport/socket.h"
 
 namespace troupe::broadcast {
@@ -243,7 +244,10 @@ Status WeightSender::Impl::Start() {
   Log().info("weights sender {} on {} (backend {}, incarnation {:016x})", id_, endpoint_,
              BackendName(config_.backend), incarnation_);
   Publish();
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    SetThreadName("weights-send");
+    Run();
+  });
   return Status::Ok();
 }
 

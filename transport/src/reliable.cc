@@ -13,6 +13,7 @@
 #include "troupe/core/check.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
+#include "troupe/core/thread_name.h"
 
 namespace troupe::transport {
 namespace {
@@ -58,7 +59,10 @@ class ReliableSenderImpl {
       : network_(network), options_(std::move(options)), poller_(network->NewPoller()) {
     TROUPE_CHECK_MSG(options_.Validate().ok(), "ReliableSenderOptions: {}",
                      options_.Validate().ToString());
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = std::thread([this] {
+      SetThreadName("reliable-send");
+      Loop();
+    });
   }
 
   ~ReliableSenderImpl() {

@@ -16,6 +16,7 @@
 #include "troupe/core/check.h"
 #include "troupe/core/log.h"
 #include "troupe/core/thread_annotations.h"
+#include "troupe/core/thread_name.h"
 
 namespace troupe::transport {
 namespace {
@@ -338,7 +339,10 @@ Status ZmqNetworkImpl::StartZap() {
   zmq_bind(stop_rx, stop_addr.c_str());
   zap_stop_ = zmq_socket(ctx_, ZMQ_PAIR);
   zmq_connect(zap_stop_, stop_addr.c_str());
-  zap_thread_ = std::thread([this, rep, stop_rx] { ZapLoop(rep, stop_rx); });
+  zap_thread_ = std::thread([this, rep, stop_rx] {
+    SetThreadName("zap-auth");
+    ZapLoop(rep, stop_rx);
+  });
   return Status::Ok();
 }
 
