@@ -195,6 +195,21 @@ class RolloutRole {
     }
     poller_->Wake();
   }
+  // PushDone for a group the engine generated (called on the engine thread). The main loop is
+  // woken once a message's worth of groups is waiting or the engine has nothing left to
+  // generate, not for every group: each wake-up of the main thread preempts the engine (or the
+  // learner) on 2 cores, and the groups go out a message at a time anyway. Stragglers are
+  // picked up by the next wake (credits, weights, the loop's tick).
+  void PushGenerated(FinishedGroup f) {
+    const bool idle = generating_.fetch_sub(1) == 1;
+    size_t waiting;
+    {
+      MutexLock l(done_mu_);
+      done_.push_back(std::move(f));
+      waiting = done_.size();
+    }
+    if (idle || waiting >= job_.batch.groups_per_message) poller_->Wake();
+  }
   // Blocks the main loop until a credit arrives, a group finishes, new weights land, or the
   // deadline (the loop's housekeeping tick) passes, then reads every pending credit.
   void WaitForWork(Deadline deadline);
@@ -229,6 +244,8 @@ class RolloutRole {
   int64_t credits_ = 0;
   uint64_t credit_version_ = 0;  // weights must be at least this new to start granted groups
   std::optional<std::chrono::steady_clock::time_point> last_request_;
+  int64_t last_want_ = 0;     // the want last sent (Credit.requested)
+  uint64_t grants_seen_ = 0;  // groups granted by the current learner process, received so far
   uint64_t learner_version_ = 0;
   uint64_t grant_learner_ = 0;  // incarnation of the learner process our credits_ come from
   uint64_t next_serial_ = 0;
@@ -254,6 +271,7 @@ class RolloutRole {
   std::chrono::steady_clock::time_point slow_until_{};
   RateMeter token_rate_;
   std::atomic<uint64_t> outcomes_{0};
+  std::atomic<int64_t> generating_{0};  // groups submitted to the engine and not finished
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
 
   // Multi-turn episodes (started on the first multi-turn group).
@@ -329,6 +347,7 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     credit_sock_.reset();
     credits_ = 0;  // a new learner knows nothing of the old grants
     credit_version_ = 0;
+    grants_seen_ = 0;
     last_request_.reset();
     transport::SocketOptions so;
     so.identity = id_;
@@ -418,6 +437,7 @@ void RolloutRole::PollCredits() {
     if (in->message.kind() != transport::MessageKind::CREDIT) continue;
     auto c = in->message.envelope().getBody().getCredit();
     credits_ += c.getGranted();
+    grants_seen_ += c.getGranted();
     grant_learner_ = in->message.incarnation();
     learner_version_ = c.getLearnerVersion();
     credit_version_ = std::max(credit_version_, learner_version_);
@@ -431,15 +451,24 @@ void RolloutRole::RequestCredits() {
       job_.rollout_settings.max_groups_in_flight, job_.rollout_settings.credit_reserve, credits_,
       static_cast<int64_t>(in_flight_.size()), job_.batch.groups_per_message);
   if (want <= 0) return;
+  // The want is re-sent as soon as it grows (groups finished since the last ask): the learner
+  // grants between optimizer steps, and answering the whole current want then starts the
+  // freed slots together (full decode batches) instead of a message's worth per round trip.
+  // Grants still on their way are not asked twice: the learner subtracts what it granted
+  // beyond grants_seen_. Unchanged, it is re-sent only after credit_timeout_ms (a lost ask).
   auto now = std::chrono::steady_clock::now();
-  if (last_request_ &&
+  if (last_request_ && want <= last_want_ &&
       now - *last_request_ < std::chrono::milliseconds(job_.rollout_settings.credit_timeout_ms))
     return;
   transport::OutMessage m;
   auto c = m.envelope().getBody().initCredit();
   c.setRequested(static_cast<uint32_t>(want));
   c.setOutstanding(static_cast<uint32_t>(credits_));
-  if (credit_sock_->Send(m, Deadline::InMs(50)).ok()) last_request_ = now;
+  c.setGrantsSeen(grants_seen_);
+  if (credit_sock_->Send(m, Deadline::InMs(50)).ok()) {
+    last_request_ = now;
+    last_want_ = want;
+  }
 }
 
 Status RolloutRole::SubmitGroups() {
@@ -491,6 +520,7 @@ Status RolloutRole::SubmitGroups() {
     in_flight_[serial] = std::move(g);
     --credits_;
     MarkFirstSubmit();
+    generating_.fetch_add(1);
     Status s =
         engine_->Submit(std::move(req), [this, serial](std::vector<engine::GenerationResult> res) {
           FinishedGroup f;
@@ -507,9 +537,10 @@ Status RolloutRole::SubmitGroups() {
                                          std::move(r.logprobs), std::move(r.mask),
                                          std::move(r.token_versions), WireFinish(r.finish_reason)));
           }
-          PushDone(std::move(f));
+          PushGenerated(std::move(f));
         });
     if (!s.ok()) {
+      generating_.fetch_sub(1);
       in_flight_.erase(serial);
       return s.WithContext("engine submit");
     }

@@ -9,6 +9,7 @@
 
 #include "troupe/core/log.h"
 #include "troupe/core/text.h"
+#include "troupe/core/thread_name.h"
 #include "troupe/transport/message.h"
 #include "troupe/transport/wire_names.h"
 
@@ -83,12 +84,17 @@ class ActorRuntime::LogSink final : public spdlog::sinks::base_sink<std::mutex> 
     r.setLevel(static_cast<uint8_t>(msg.level));
     r.setLogger(std::string(msg.logger_name.data(), msg.logger_name.size()));
     r.setText(text);
-    MutexLock l(rt_->mu_);
-    if (rt_->outbox_.size() >= rt_->options_.max_pending_logs) {
-      rt_->outbox_.erase(rt_->outbox_.begin());
-      rt_->logs_dropped_.fetch_add(1);
+    bool first;
+    {
+      MutexLock l(rt_->mu_);
+      if (rt_->outbox_.size() >= rt_->options_.max_pending_logs) {
+        rt_->outbox_.erase(rt_->outbox_.begin());
+        rt_->logs_dropped_.fetch_add(1);
+      }
+      first = rt_->outbox_.empty();
+      rt_->outbox_.push_back(std::move(m));
     }
-    rt_->outbox_.push_back(std::move(m));
+    if (first) rt_->poller_->Wake();  // the loop sends it now (later ones go with it)
   }
   void flush_() override {}
 
@@ -115,12 +121,17 @@ Result<std::unique_ptr<ActorRuntime>> ActorRuntime::Create(RuntimeOptions option
   auto sock = network->Connect(transport::SocketKind::kClient, rt->options_.head_endpoint, so);
   if (!sock.ok()) return sock.status().WithContext("connect to head " + rt->options_.head_endpoint);
   rt->head_ = std::move(sock).value();
+  rt->poller_ = network->NewPoller();
+  rt->poller_->Add(rt->head_.get());
   rt->last_head_ms_ = NowMs();
   if (rt->options_.forward_logs) {
     rt->sink_ = std::make_shared<LogSink>(rt.get());
     log::AddSink(rt->sink_);
   }
-  rt->thread_ = std::thread([p = rt.get()] { p->Loop(); });
+  rt->thread_ = std::thread([p = rt.get()] {
+    SetThreadName("actor-runtime");
+    p->Loop();
+  });
   return rt;
 }
 
@@ -132,7 +143,9 @@ ActorRuntime::~ActorRuntime() {
   Flush(Deadline::InMs(1000));
   stop_thread_ = true;
   cv_.notify_all();
+  poller_->Wake();
   if (thread_.joinable()) thread_.join();
+  poller_.reset();
   head_.reset();
 }
 
@@ -232,9 +245,14 @@ void ActorRuntime::SendMetrics(const std::string& kind, uint64_t step, uint64_t 
     ++i;
   }
   if (!json.empty()) b.setJson(json);
-  MutexLock l(mu_);
-  outbox_.push_back(std::move(m));
+  bool first;
+  {
+    MutexLock l(mu_);
+    first = outbox_.empty();
+    outbox_.push_back(std::move(m));
+  }
   cv_.notify_all();
+  if (first) poller_->Wake();  // the loop sends it now (later ones go with it)
 }
 
 void ActorRuntime::RequestExit(ExitReason reason) {
@@ -243,6 +261,7 @@ void ActorRuntime::RequestExit(ExitReason reason) {
     Log().info("exiting: {}", ExitReasonName(reason));
   }
   cv_.notify_all();
+  poller_->Wake();  // the loop's heartbeat reports the new state at once
 }
 
 bool ActorRuntime::WaitExit(Deadline deadline) const {
@@ -393,9 +412,12 @@ void ActorRuntime::HandleHeadMessage(const transport::InMessage& m) {
   }
 }
 
+// Sleeps until a head message, queued metrics or logs (Wake), an exit request, the next
+// heartbeat, or at most kLoopIdleMs (the head-silence checks): no fixed fast tick, so an idle
+// actor wakes a few times a second, not 50 (every wake-up of a small thread can preempt a
+// busy engine or learner thread on 2 cores).
 void ActorRuntime::Loop() {
-  auto poller = network_->NewPoller();
-  poller->Add(head_.get());
+  constexpr int64_t kLoopIdleMs = 250;
   auto next_hb = Clock::now();
   int64_t head_lost_ms = 0;  // when the head was declared lost (0: it is not)
   while (!stop_thread_.load()) {
@@ -404,8 +426,8 @@ void ActorRuntime::Loop() {
       MutexLock l(mu_);
       registered = registered_;
     }
-    auto wait_until = std::min(next_hb, Clock::now() + std::chrono::milliseconds(20));
-    (void)poller->Wait(Deadline(wait_until));
+    auto wait_until = std::min(next_hb, Clock::now() + std::chrono::milliseconds(kLoopIdleMs));
+    (void)poller_->Wait(Deadline(wait_until));
     for (int i = 0; i < 1000; ++i) {
       auto in = head_->Recv(Deadline::Now());
       if (!in.ok()) {

@@ -130,6 +130,7 @@ class ActorRuntime {
   RuntimeOptions options_;
   transport::Network* network_;
   std::unique_ptr<transport::Socket> head_;
+  std::unique_ptr<transport::Poller> poller_;  // the loop's: head_ and Wake() (set before it runs)
   std::shared_ptr<LogSink> sink_;
 
   mutable Mutex mu_;
