@@ -222,6 +222,19 @@ void Describe(Binder& b, ModelSection& c) {
   engine::Describe(b, *c.model);
 }
 
+// The broadcast section, and whether it named a backend. Without one, a job whose actors all
+// run on this machine on CPU broadcasts through shared memory (one copy for every rollout
+// actor, no gloo threads polling in each of them); a job across nodes with CURVE on through
+// zmq (the backend CURVE encrypts); any other through gloo.
+struct BroadcastSection {
+  broadcast::BroadcastConfig* config;
+  bool backend_given = false;
+};
+void Describe(Binder& b, BroadcastSection& c) {
+  if (b.mode() == Binder::Mode::kRead) c.backend_given = b.Has("backend");
+  broadcast::Describe(b, *c.config);
+}
+
 // model.from: the folder's config.json becomes the model; keys the config repeats must agree.
 void ApplyModelFrom(Binder& b, const ModelSection& section, JobConfig& c) {
   std::error_code ec;
@@ -385,7 +398,11 @@ void Describe(Binder& b, JobConfig& c) {
   b.Section("trainer", &c.trainer, "the learner's algorithm (GRPO/PPO family)");
   b.Section("warm_start", &c.warm_start, "supervised warm start before RL");
   b.Section("eval", &c.eval, "periodic greedy evaluation on held-out prompts");
-  b.Section("broadcast", &c.broadcast, "weight broadcast from the learner to rollout actors");
+  BroadcastSection broadcast{&c.broadcast};
+  b.Section("broadcast", &broadcast,
+            "weight broadcast from the learner to rollout actors (backend, unless set: shm when "
+            "every actor runs on this machine (cluster.backend local) on CPU, zmq across nodes "
+            "with CURVE, else gloo)");
   b.Section("checkpoint", &c.checkpoint, "learner checkpoints");
   b.Section("stop", &c.stop, "when the job ends");
   b.Section("dashboard", &c.dashboard, "the head's web dashboard and Prometheus /metrics");
@@ -411,6 +428,12 @@ void Describe(Binder& b, JobConfig& c) {
   if (c.learner.count == 1 && c.reward.count == 0)
     b.Error("reward.count", "a job with a learner needs at least one reward actor");
   if (!c.model_from.empty()) ApplyModelFrom(b, model, c);
+  if (!broadcast.backend_given) {
+    if (c.cluster.backend == "local" && c.engine.device == "cpu")
+      c.broadcast.backend = broadcast::Backend::kShm;
+    else if (c.cluster.backend != "local" && CurveEnabled(c.cluster))
+      c.broadcast.backend = broadcast::Backend::kZmq;  // the one CURVE covers across nodes
+  }
   std::unique_ptr<engine::Tokenizer> tokenizer = CheckTokenizer(b, c.tokenizer);
   const int64_t vocab = tokenizer ? tokenizer->vocab_size() : 0;
   if (c.model.vocab_size == 0) c.model.vocab_size = vocab;

@@ -156,6 +156,32 @@ TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {
   EXPECT_TRUE(LoadJobConfig(local.path(), {}).ok());
 }
 
+// Without broadcast.backend, the weights take the path that fits where the actors run: shared
+// memory on one machine (CPU), zmq across nodes with CURVE on (the one it encrypts), gloo
+// across nodes without; a backend the config names always wins.
+TEST(JobConfig, TheDefaultWeightBackendFitsWhereTheActorsRun) {
+  ConfigFile local("local_default", "name: l\n");
+  auto l = LoadJobConfig(local.path(), {});
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->broadcast.backend, broadcast::Backend::kShm);
+  auto named = LoadJobConfig(local.path(), {"broadcast.backend=gloo"});
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_EQ(named->broadcast.backend, broadcast::Backend::kGloo);
+  ConfigFile remote("remote_default",
+                    "name: r\ncluster:\n  backend: ssh\n  hosts:\n    - name: h1\n");
+  auto r = LoadJobConfig(remote.path(), {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->broadcast.backend, broadcast::Backend::kZmq);
+  auto plain = LoadJobConfig(remote.path(), {"cluster.curve=off"});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->broadcast.backend, broadcast::Backend::kGloo);
+  // The resolved config (the run folder's config.yaml) names it: a resume keeps it.
+  ConfigFile resolved("local_resolved", ResolvedConfigYaml(*l));
+  auto again = LoadResolvedConfig(resolved.path());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->broadcast.backend, broadcast::Backend::kShm);
+}
+
 // A tiny SentencePiece-style tokenizer.json (+ tokenizer_config.json) in a temp folder.
 class TokenizerFolder {
  public:
