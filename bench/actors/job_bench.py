@@ -17,8 +17,9 @@
      warm start.
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
-     (bench/actors/standalone_rollout), in the same run (target: >= 0.9); the
-     wall-clock ratio is reported too (on 2 cores the learner takes its share).
+     (bench/actors/standalone_rollout), --overhead-rounds rounds of the two back to
+     back in alternating order, each round's ratio and the medians (target: >= 0.9);
+     the wall-clock ratio is reported too (on 2 cores the learner takes its share).
 
 Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
@@ -198,37 +199,67 @@ def bench_async_longtail(a):
     return lag_runs(a, config, sets, a.longtail_target, a.longtail_seconds, "longtail_")
 
 
-def bench_overhead(a):
-    sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
-            "eval.every_steps=0", "rollout.credit_reserve=%d" % a.credit_reserve]
-    recs, _, runs = troupe_run(a.build, sets, a.timeout, with_runs=True)
-    fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
-    if not fin:
-        raise SystemExit("no rollout final report")
-    job_rate = fin[0]["gen_tokens"] / max(fin[0]["gen_active_s"], 1e-9)
-    seconds = max(5.0, fin[0]["gen_active_s"])
-    # The peer generates with the job's final weights (same response lengths).
-    weights = os.path.join(runs, "latest")  # the run folder: its latest checkpoint
+def standalone(a, sets, seconds, weights):
+    """The engine alone (bench/actors/standalone_rollout) with the job's config and weights."""
     out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
                           "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []),
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,
                          env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
-    alone = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def overhead_round(a, sets, alone_first, weights):
+    """One job and one engine-alone run back to back (in the given order); their ratios.
+    The engine alone generates with the job's final weights (same response lengths): the
+    first round's job provides them; later rounds reuse that run folder."""
+    def job():
+        recs, _, runs = troupe_run(a.build, sets, a.timeout, with_runs=True)
+        fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
+        if not fin:
+            raise SystemExit("no rollout final report")
+        return fin[0], runs
+    alone = None
+    if alone_first:
+        alone = standalone(a, sets, a.overhead_alone_seconds, weights)
+    fin, runs = job()
+    if alone is None:
+        alone = standalone(a, sets, max(5.0, fin["gen_active_s"]), os.path.join(runs, "latest"))
+    job_rate = fin["gen_tokens"] / max(fin["gen_active_s"], 1e-9)
     # Per process CPU-second: the actor system's own cost (transport, heartbeats,
     # weight updates), independent of the share of the 2 cores the learner takes.
-    job_cpu_rate = fin[0]["gen_tokens"] / max(fin[0]["gen_cpu_s"], 1e-9)
+    job_cpu_rate = fin["gen_tokens"] / max(fin["gen_cpu_s"], 1e-9)
     res = {"job_rollout_tok_s": job_rate, "standalone_tok_s": alone["tokens_per_s"],
            "overhead_ratio_wall": job_rate / alone["tokens_per_s"],
            "job_rollout_tok_per_cpu_s": job_cpu_rate, "standalone_tok_per_cpu_s": alone["tokens_per_cpu_s"],
            "overhead_ratio": job_cpu_rate / alone["tokens_per_cpu_s"]}
     # Where the difference goes: how full the engine's decode batches were (sampled tokens per
-    # decode step), and the share of the process CPU spent outside engine steps (transport,
-    # the actor's loop, weight updates, rendering).
-    for name, r, cpu in (("job", fin[0], fin[0]["gen_cpu_s"]), ("standalone", alone, alone["cpu_s"])):
+    # decode step), the share of the process CPU spent outside engine steps (transport, the
+    # actor's loop, weight updates, rendering), and the engine's own tokens per CPU-second.
+    for name, r, cpu in (("job", fin, fin["gen_cpu_s"]), ("standalone", alone, alone["cpu_s"])):
         if r.get("engine_decode_steps"):
             res[name + "_tokens_per_decode_step"] = r["engine_tokens"] / r["engine_decode_steps"]
             res[name + "_engine_cpu_share"] = r["engine_step_cpu_s"] / max(cpu, 1e-9)
             res[name + "_engine_tok_per_cpu_s"] = r["engine_tokens"] / max(r["engine_step_cpu_s"], 1e-9)
+    if res.get("standalone_engine_tok_per_cpu_s"):
+        res["engine_efficiency_ratio"] = res["job_engine_tok_per_cpu_s"] / res["standalone_engine_tok_per_cpu_s"]
+    return res, runs
+
+
+def bench_overhead(a):
+    """--overhead-rounds rounds of (job, engine alone), the order alternating (the engine
+    alone first in even rounds); each round's ratios, and their medians."""
+    sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
+            "eval.every_steps=0", "rollout.credit_reserve=%d" % a.credit_reserve] + a.overhead_set
+    rounds, weights = [], None
+    for i in range(a.overhead_rounds):
+        r, runs = overhead_round(a, sets, alone_first=(weights is not None and i % 2 == 1), weights=weights)
+        weights = weights or os.path.join(runs, "latest")
+        sys.stderr.write("overhead round %d: %s\n" % (i + 1, json.dumps({k: round(v, 3) for k, v in r.items()})))
+        rounds.append(r)
+    res = {k: median([r.get(k) for r in rounds]) for k in rounds[0]}
+    res["overhead_rounds"] = len(rounds)
+    res["overhead_ratio_by_round"] = [round(r["overhead_ratio"], 3) for r in rounds]
+    res["overhead_ratio_wall_by_round"] = [round(r["overhead_ratio_wall"], 3) for r in rounds]
     return res
 
 
@@ -257,6 +288,12 @@ def main():
     ap.add_argument("--credit-reserve", type=int, default=0,
                     help="overhead: the job's rollout.credit_reserve (default 0, the default job's)")
     ap.add_argument("--overhead-steps", type=int, default=300)
+    ap.add_argument("--overhead-rounds", type=int, default=3,
+                    help="overhead: rounds of (job, engine alone), alternating order; medians")
+    ap.add_argument("--overhead-alone-seconds", type=float, default=20,
+                    help="overhead: seconds of the engine alone when it runs before the job")
+    ap.add_argument("--overhead-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="overhead: another --set for the job and the engine alone (repeatable)")
     a = ap.parse_args()
     res = {"bench": "job"}
     for part in a.only.split(","):

@@ -22,6 +22,7 @@
 #include <deque>
 #include <iostream>
 #include <mutex>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,9 @@ int main(int argc, char** argv) {
   double seconds = 20;
   std::vector<std::string> sets;
   std::string weights;
+  // Diagnostics (what a job adds around the engine, one thing at a time):
+  double updates_per_s = 0;  // weight updates from another thread, as a job's receiver makes
+  bool waves = false;        // refill only once every group finished (a job's grant waves)
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc)
@@ -56,6 +60,10 @@ int main(int argc, char** argv) {
       weights = argv[++i];
     else if (a == "--set" && i + 1 < argc)
       sets.push_back(argv[++i]);
+    else if (a == "--waves")
+      waves = true;
+    else if (a == "--weight-updates-per-s" && i + 1 < argc)
+      updates_per_s = std::atof(argv[++i]);
   }
   auto job = launcher::LoadJobConfig(config, sets);
   if (!job.ok()) {
@@ -103,10 +111,26 @@ int main(int argc, char** argv) {
   const engine::EngineStats e0 = (*eng)->stats();
   auto t0 = std::chrono::steady_clock::now();
   auto end = t0 + std::chrono::duration<double>(seconds);
+  // --weight-updates-per-s: copies of the same weights (a fresh buffer each, as a receiver
+  // hands over) applied from another thread at that rate, to see what updates cost the engine.
+  std::atomic<bool> updater_stop{false};
+  std::thread updater;
+  if (updates_per_s > 0 && model) {
+    updater = std::thread([&] {
+      engine::NamedTensors w = model->NamedWeights();
+      uint64_t v = 1;
+      while (!updater_stop) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(1.0 / updates_per_s));
+        engine::NamedTensors copy;
+        for (const auto& [name, t] : w) copy.emplace_back(name, t.clone());
+        if (!(*eng)->UpdateWeights(v++, copy, Deadline::InMs(10000)).ok()) return;
+      }
+    });
+  }
   uint64_t serial = 0;
   while (std::chrono::steady_clock::now() < end) {
     std::unique_lock<std::mutex> l(mu);
-    cv.wait_until(l, end, [&] { return in_flight < max_in_flight; });
+    cv.wait_until(l, end, [&] { return waves ? in_flight == 0 : in_flight < max_in_flight; });
     while (in_flight < max_in_flight && std::chrono::steady_clock::now() < end) {
       envs::TaskPrompt tp = prompts->Next();
       auto ids = renderer.RenderPrompt(tp.prompt.messages);
@@ -134,6 +158,8 @@ int main(int argc, char** argv) {
     }
   }
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  updater_stop = true;
+  if (updater.joinable()) updater.join();
   nlohmann::json j;
   j["bench"] = "standalone_rollout";
   j["seconds"] = elapsed;
