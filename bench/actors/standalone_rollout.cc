@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   // Diagnostics (what a job adds around the engine, one thing at a time):
   double updates_per_s = 0;  // weight updates from another thread, as a job's receiver makes
   bool waves = false;        // refill only once every group finished (a job's grant waves)
+  double wave_gap_ms = 0;    // --waves: idle this long between waves (a learner-bound job)
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc)
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
       sets.push_back(argv[++i]);
     else if (a == "--waves")
       waves = true;
+    else if (a == "--wave-gap-ms" && i + 1 < argc)
+      wave_gap_ms = std::atof(argv[++i]);
     else if (a == "--weight-updates-per-s" && i + 1 < argc)
       updates_per_s = std::atof(argv[++i]);
   }
@@ -131,6 +134,11 @@ int main(int argc, char** argv) {
   while (std::chrono::steady_clock::now() < end) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait_until(l, end, [&] { return waves ? in_flight == 0 : in_flight < max_in_flight; });
+    if (waves && wave_gap_ms > 0) {
+      l.unlock();
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(wave_gap_ms));
+      l.lock();
+    }
     while (in_flight < max_in_flight && std::chrono::steady_clock::now() < end) {
       envs::TaskPrompt tp = prompts->Next();
       auto ids = renderer.RenderPrompt(tp.prompt.messages);
