@@ -500,37 +500,27 @@ Status Engine::UpdateWeights(uint64_t version, const NamedTensors& named, Deadli
   return u.status;
 }
 
-// On the engine thread, between steps, with no pinned batch in flight: applies the queued
-// updates in order. Returns with mu_ held (it is released around each copy).
-void Engine::ApplyQueuedUpdates(MutexLock& l) {
-  while (!update_queue_.empty()) {
-    QueuedUpdate& u = *update_queue_.front();
-    update_queue_.pop_front();
-    u.started = true;
-    Status st;
-    if (u.version < version_ && !u.allow_rollback) {
-      st = InvalidArgument("weight update to version {} is older than the engine's version {}",
-                           u.version, version_);
-    } else {
-      l.Unlock();
-      try {
-        // A LoRA engine never keeps generating with stale adapters: every update carries them.
-        LoadOptions opts;
-        opts.require_adapters = config_.model.lora.enabled();
-        st = model_->LoadNamed(*u.named, opts);
-      } catch (const std::exception& e) {
-        st = Internal("weight update to version {} failed: {}", u.version, e.what());
-      }
-      l.Lock();
-    }
-    if (st.ok()) {
-      version_ = u.version;
-      ++stats_.weight_updates;
-    }
-    u.status = std::move(st);
-    u.done = true;
-    --updates_waiting_;
+// On the engine thread, between steps, without mu_: copies a queued update into the model.
+Status Engine::LoadUpdate(const QueuedUpdate& u) {
+  try {
+    // A LoRA engine never keeps generating with stale adapters: every update carries them.
+    LoadOptions opts;
+    opts.require_adapters = config_.model.lora.enabled();
+    return model_->LoadNamed(*u.named, opts);
+  } catch (const std::exception& e) {
+    return Internal("weight update to version {} failed: {}", u.version, e.what());
   }
+}
+
+// With mu_ held: records what became of a queued update and wakes its caller.
+void Engine::FinishUpdate(QueuedUpdate& u, Status st) {
+  if (st.ok()) {
+    version_ = u.version;
+    ++stats_.weight_updates;
+  }
+  u.status = std::move(st);
+  u.done = true;
+  --updates_waiting_;
   cv_.notify_all();
 }
 
@@ -954,7 +944,20 @@ void Engine::ThreadMain() {
           return !update_queue_.empty() && pins_ == 0 && !update_running_;
         };
         if (update_due()) {
-          ApplyQueuedUpdates(l);
+          QueuedUpdate& u = *update_queue_.front();
+          update_queue_.pop_front();
+          u.started = true;
+          Status st;
+          if (u.version < version_ && !u.allow_rollback) {
+            st = InvalidArgument(
+                "weight update to version {} is older than the engine's version {}", u.version,
+                version_);
+          } else {
+            l.Unlock();  // the copy runs without the lock; generation is paused (this thread)
+            st = LoadUpdate(u);
+            l.Lock();
+          }
+          FinishUpdate(u, std::move(st));
           continue;
         }
         const bool gate_closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);

@@ -388,6 +388,66 @@ TEST(GenerationTest, UpdateWaitsForPinnedBatchWhichKeepsItsVersion) {
   EXPECT_EQ(e.stats().weight_updates, 1u);
 }
 
+// UpdateWeights is applied by the engine thread between two steps (invariant 5): a stream of
+// updates from another thread while Submit()ted sequences generate lands between steps, in
+// order, each call returning once its weights are in; an update to an idle (sleeping) engine
+// wakes it and lands too.
+TEST(GenerationTest, UpdatesFromAnotherThreadLandBetweenStepsInOrder) {
+  EngineConfig cfg = SmallEngine(8);
+  auto engine = Engine::Create(cfg);
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  LlamaModel a(cfg.model, 100), b(cfg.model, 101);
+  const NamedTensors weights[2] = {a.NamedWeights(), b.NamedWeights()};
+  // Idle engine: the update wakes it.
+  ASSERT_TRUE(e.UpdateWeights(1, weights[0], Deadline::InMs(kWaitMs)).ok());
+  EXPECT_EQ(e.version(), 1u);
+  std::mt19937_64 rng(TestSeed());
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = 0;
+  std::vector<GenerationResult> done;
+  for (int i = 0; i < 24; ++i) {
+    GenerateRequest r;
+    r.prompt = RandomPrompt(rng, 3, 23);
+    r.sampling.max_new_tokens = 30;
+    r.sampling.seed = rng();
+    {
+      std::lock_guard<std::mutex> g(mu);
+      ++pending;
+    }
+    ASSERT_TRUE(e.Submit(r, [&](std::vector<GenerationResult> res) {
+                   std::lock_guard<std::mutex> g(mu);
+                   for (auto& x : res) done.push_back(std::move(x));
+                   --pending;
+                   cv.notify_all();
+                 }).ok());
+  }
+  // Versions 2..41 while those generate, alternating two weight sets.
+  for (uint64_t v = 2; v <= 41; ++v) {
+    Status st = e.UpdateWeights(v, weights[v % 2], Deadline::InMs(kWaitMs));
+    ASSERT_TRUE(st.ok()) << "version " << v << ": " << st.ToString();
+    EXPECT_EQ(e.version(), v);  // in place when the call returns
+  }
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kWaitMs), [&] { return pending == 0; }));
+  }
+  EXPECT_EQ(e.stats().weight_updates, 41u);
+  // Each sequence's tokens carry non-decreasing versions, all among those applied.
+  ASSERT_EQ(done.size(), 24u);
+  for (const auto& r : done) {
+    ASSERT_EQ(r.finish_reason, FinishReason::kLength);
+    for (size_t i = 0; i < r.token_versions.size(); ++i) {
+      EXPECT_GE(r.token_versions[i], 1u);
+      EXPECT_LE(r.token_versions[i], 41u);
+      if (i > 0) {
+        EXPECT_GE(r.token_versions[i], r.token_versions[i - 1]);
+      }
+    }
+  }
+}
+
 TEST(GenerationTest, SubmittedSequenceRecordsPerTokenVersions) {
   EngineConfig cfg = SmallEngine(4);
   auto engine = Engine::Create(cfg);

@@ -217,7 +217,8 @@ class Engine {
   void EndUpdate(uint64_t version, bool ok);
   // An UpdateWeights call waiting for the engine thread, which applies it between two steps.
   struct QueuedUpdate;
-  void ApplyQueuedUpdates(MutexLock& l) TROUPE_REQUIRES(mu_);
+  Status LoadUpdate(const QueuedUpdate& u) TROUPE_EXCLUDES(mu_);
+  void FinishUpdate(QueuedUpdate& u, Status st) TROUPE_REQUIRES(mu_);
   void ThreadMain();
 
   const EngineConfig config_;
