@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   double updates_per_s = 0;  // weight updates from another thread, as a job's receiver makes
   bool waves = false;        // refill only once every group finished (a job's grant waves)
   double wave_gap_ms = 0;    // --waves: idle this long between waves (a learner-bound job)
+  bool load_via_update = false;  // start from random weights, then UpdateWeights (as a job)
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc)
@@ -63,6 +64,8 @@ int main(int argc, char** argv) {
       sets.push_back(argv[++i]);
     else if (a == "--waves")
       waves = true;
+    else if (a == "--load-via-update")
+      load_via_update = true;
     else if (a == "--wave-gap-ms" && i + 1 < argc)
       wave_gap_ms = std::atof(argv[++i]);
     else if (a == "--weight-updates-per-s" && i + 1 < argc)
@@ -100,7 +103,14 @@ int main(int argc, char** argv) {
     }
     model = *m;
   }
-  auto eng = engine::Engine::Create(ec, model);
+  auto eng = engine::Engine::Create(ec, load_via_update ? nullptr : model);
+  if (eng.ok() && load_via_update && model) {
+    Status s = (*eng)->UpdateWeights(1, model->NamedWeights(), Deadline::InMs(30000));
+    if (!s.ok()) {
+      std::cerr << s.ToString() << "\n";
+      return 1;
+    }
+  }
   if (!eng.ok()) {
     std::cerr << eng.status().ToString() << "\n";
     return 1;
