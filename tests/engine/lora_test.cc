@@ -453,22 +453,34 @@ TEST_P(LoraUpdateWhileDecoding, EveryTokenMatchesTheVersionItIsTaggedWith) {
     r.tag = static_cast<uint64_t>(i);
     return r;
   };
-  // Submitted sequences (not pinned: updates land between their steps) ...
-  constexpr int kSubmitted = 16;
+  // Submitted sequences (not pinned: updates land between their steps), in rounds of 16 until
+  // the updater has landed a few versions and some sequence saw one while it decoded: a round
+  // takes milliseconds, and on a loaded machine the updater may not get a core that soon.
+  constexpr int kPerRound = 16;
   std::vector<GenerateRequest> submitted;
   std::mutex mu;
   std::vector<GenerationResult> results;
-  std::promise<void> all_in;
-  int remaining = kSubmitted;
-  for (int i = 0; i < kSubmitted; ++i) {
-    submitted.push_back(request(i));
-    ASSERT_TRUE(e.Submit(submitted.back(), [&](std::vector<GenerationResult> r) {
-                   std::lock_guard<std::mutex> l(mu);
-                   for (auto& x : r) results.push_back(std::move(x));
-                   if (--remaining == 0) all_in.set_value();
-                 }).ok());
+  auto any_mixed = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& r : results)
+      if (std::set<uint64_t>(r.token_versions.begin(), r.token_versions.end()).size() > 1)
+        return true;
+    return false;
+  };
+  for (int round = 0; round < 200 && (round == 0 || last_version.load() < 3 || !any_mixed());
+       ++round) {
+    std::promise<void> all_in;
+    int remaining = kPerRound;
+    for (int i = 0; i < kPerRound; ++i) {
+      submitted.push_back(request(static_cast<int>(submitted.size())));
+      ASSERT_TRUE(e.Submit(submitted.back(), [&](std::vector<GenerationResult> r) {
+                     std::lock_guard<std::mutex> l(mu);
+                     for (auto& x : r) results.push_back(std::move(x));
+                     if (--remaining == 0) all_in.set_value();
+                   }).ok());
+    }
+    ASSERT_EQ(all_in.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   }
-  ASSERT_EQ(all_in.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
   // Then a pinned batch (updates wait for it), which keeps the version it started with.
   std::vector<GenerateRequest> pinned;
   for (int i = 0; i < 6; ++i) pinned.push_back(request(100 + i));
