@@ -20,6 +20,9 @@
      (bench/actors/standalone_rollout), --overhead-rounds rounds of the two back to
      back in alternating order, each round's ratio and the medians (target: >= 0.9);
      the wall-clock ratio is reported too (on 2 cores the learner takes its share).
+     Then --overhead-side-rounds rounds of the two at the same time (side_by_side_*):
+     the same machine conditions for both (back to back, the engine alone has an
+     idle core beside it, the job never does).
 
 Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
@@ -224,6 +227,11 @@ def overhead_round(a, sets, alone_first, weights):
     fin, runs = job()
     if alone is None:
         alone = standalone(a, sets, max(5.0, fin["gen_active_s"]), os.path.join(runs, "latest"))
+    return overhead_ratios(fin, alone), runs
+
+
+def overhead_ratios(fin, alone):
+    """The rollout actor's final report against the engine alone's JSON line."""
     job_rate = fin["gen_tokens"] / max(fin["gen_active_s"], 1e-9)
     # Per process CPU-second: the actor system's own cost (transport, heartbeats,
     # weight updates), independent of the share of the 2 cores the learner takes.
@@ -242,7 +250,45 @@ def overhead_round(a, sets, alone_first, weights):
             res[name + "_engine_tok_per_cpu_s"] = r["engine_tokens"] / max(r["engine_step_cpu_s"], 1e-9)
     if res.get("standalone_engine_tok_per_cpu_s"):
         res["engine_efficiency_ratio"] = res["job_engine_tok_per_cpu_s"] / res["standalone_engine_tok_per_cpu_s"]
-    return res, runs
+    return res
+
+
+def side_by_side_round(a, sets, weights):
+    """The job and the engine alone at the same time: the engine alone starts once the job
+    trains and runs --overhead-side-seconds while the job goes on, so both see the same
+    machine (the learner busy on the other core, the same neighbours), which the back-to-back
+    rounds cannot give: there the engine alone has an idle core beside it."""
+    runs = tempfile.mkdtemp(prefix="troupe-bench-")
+    if not os.environ.get("TROUPE_BENCH_KEEP_RUNS"):
+        atexit.register(shutil.rmtree, runs, True)
+    steps = [x for x in sets if not x.startswith("stop.max_steps=")] + \
+        ["stop.max_steps=%d" % a.overhead_side_steps]
+    cmd = [os.path.join(a.build, "launcher", "troupe"), "--runs-dir", runs, "run", CONFIG]
+    for x in steps:
+        cmd += ["--set", x]
+    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        metrics = os.path.join(runs, "latest", "metrics.jsonl")
+        deadline = time.time() + a.timeout
+        while time.time() < deadline and job.poll() is None:
+            if os.path.exists(metrics) and '"kind":"train"' in open(metrics).read():
+                break
+            time.sleep(0.2)
+        if job.poll() is not None:
+            raise SystemExit("side-by-side job ended before it trained (rc %s)" % job.returncode)
+        alone = standalone(a, sets, a.overhead_side_seconds, weights)
+        job.wait(timeout=a.timeout)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    if job.returncode != 0:
+        raise SystemExit("side-by-side job failed (rc %d)" % job.returncode)
+    fin = [json.loads(l) for l in open(metrics)]
+    fin = [r for r in fin if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
+    if not fin:
+        raise SystemExit("no rollout final report")
+    return overhead_ratios(fin[0], alone)
 
 
 def bench_overhead(a):
@@ -250,6 +296,8 @@ def bench_overhead(a):
     alone first in even rounds); each round's ratios, and their medians."""
     sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
             "eval.every_steps=0", "rollout.credit_reserve=%d" % a.credit_reserve] + a.overhead_set
+    if a.overhead_rounds < 1:
+        raise SystemExit("--overhead-rounds must be at least 1 (its job's weights feed the engine alone)")
     rounds, weights = [], None
     for i in range(a.overhead_rounds):
         r, runs = overhead_round(a, sets, alone_first=(weights is not None and i % 2 == 1), weights=weights)
@@ -260,6 +308,16 @@ def bench_overhead(a):
     res["overhead_rounds"] = len(rounds)
     res["overhead_ratio_by_round"] = [round(r["overhead_ratio"], 3) for r in rounds]
     res["overhead_ratio_wall_by_round"] = [round(r["overhead_ratio_wall"], 3) for r in rounds]
+    side = []
+    for i in range(a.overhead_side_rounds):
+        r = side_by_side_round(a, sets, weights)
+        sys.stderr.write("overhead side by side %d: %s\n" % (i + 1, json.dumps({k: round(v, 3) for k, v in r.items()})))
+        side.append(r)
+    if side:
+        for k in ("overhead_ratio", "engine_efficiency_ratio", "job_engine_cpu_share", "standalone_engine_cpu_share",
+                  "job_tokens_per_decode_step", "standalone_tokens_per_decode_step"):
+            res["side_by_side_" + k] = median([r.get(k) for r in side])
+        res["side_by_side_overhead_ratio_by_round"] = [round(r["overhead_ratio"], 3) for r in side]
     return res
 
 
@@ -290,6 +348,12 @@ def main():
     ap.add_argument("--overhead-steps", type=int, default=300)
     ap.add_argument("--overhead-rounds", type=int, default=3,
                     help="overhead: rounds of (job, engine alone), alternating order; medians")
+    ap.add_argument("--overhead-side-rounds", type=int, default=3,
+                    help="overhead: rounds of the job and the engine alone at the same time")
+    ap.add_argument("--overhead-side-steps", type=int, default=900,
+                    help="overhead: the side-by-side job's updates (it must outlast the engine alone)")
+    ap.add_argument("--overhead-side-seconds", type=float, default=20,
+                    help="overhead: seconds of the engine alone beside the job")
     ap.add_argument("--overhead-alone-seconds", type=float, default=20,
                     help="overhead: seconds of the engine alone when it runs before the job")
     ap.add_argument("--overhead-set", action="append", default=[], metavar="KEY=VALUE",
