@@ -161,25 +161,27 @@ TEST(JobConfig, UnauthenticatedWeightBackendsAcrossNodesNeedConsent) {
 // across nodes without; a backend the config names always wins.
 TEST(JobConfig, TheDefaultWeightBackendFitsWhereTheActorsRun) {
   ConfigFile local("local_default", "name: l\n");
-  auto l = LoadJobConfig(local.path(), {});
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  EXPECT_EQ(l->broadcast.backend, broadcast::Backend::kShm);
-  auto named = LoadJobConfig(local.path(), {"broadcast.backend=gloo"});
-  ASSERT_TRUE(named.ok()) << named.status().ToString();
-  EXPECT_EQ(named->broadcast.backend, broadcast::Backend::kGloo);
   ConfigFile remote("remote_default",
                     "name: r\ncluster:\n  backend: ssh\n  hosts:\n    - name: h1\n");
-  auto r = LoadJobConfig(remote.path(), {});
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->broadcast.backend, broadcast::Backend::kZmq);
-  auto plain = LoadJobConfig(remote.path(), {"cluster.curve=off"});
-  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
-  EXPECT_EQ(plain->broadcast.backend, broadcast::Backend::kGloo);
-  // The resolved config (the run folder's config.yaml) names it: a resume keeps it.
-  ConfigFile resolved("local_resolved", ResolvedConfigYaml(*l));
-  auto again = LoadResolvedConfig(resolved.path());
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_EQ(again->broadcast.backend, broadcast::Backend::kShm);
+  struct Case {
+    const ConfigFile* file;
+    std::vector<std::string> sets;
+    broadcast::Backend want;
+  };
+  for (const Case& c : {Case{&local, {}, broadcast::Backend::kShm},
+                        Case{&local, {"broadcast.backend=gloo"}, broadcast::Backend::kGloo},
+                        Case{&remote, {}, broadcast::Backend::kZmq},
+                        Case{&remote, {"cluster.curve=off"}, broadcast::Backend::kGloo}}) {
+    auto cfg = LoadJobConfig(c.file->path(), c.sets);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    EXPECT_EQ(cfg->broadcast.backend, c.want) << c.file->path() << " " << c.sets.size();
+    if (c.want != broadcast::Backend::kShm) continue;
+    // The resolved config (the run folder's config.yaml) names it: a resume keeps it.
+    ConfigFile resolved("local_resolved", ResolvedConfigYaml(*cfg));
+    auto again = LoadResolvedConfig(resolved.path());
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->broadcast.backend, broadcast::Backend::kShm);
+  }
 }
 
 // A tiny SentencePiece-style tokenizer.json (+ tokenizer_config.json) in a temp folder.
