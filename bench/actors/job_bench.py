@@ -22,7 +22,10 @@
      the wall-clock ratio is reported too (on 2 cores the learner takes its share).
      Then --overhead-side-rounds rounds of the two at the same time (side_by_side_*):
      the same machine conditions for both (back to back, the engine alone has an
-     idle core beside it, the job never does).
+     idle core beside it, the job never does); in each, also the engine alone paced
+     as the learner-bound job's rollout is (side_by_side_paced_*: a wave of one
+     update's groups and a weight update every job_wave_period_ms, idle between),
+     which separates the actor system's own cost from the duty cycle's.
 
 Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
@@ -202,10 +205,10 @@ def bench_async_longtail(a):
     return lag_runs(a, config, sets, a.longtail_target, a.longtail_seconds, "longtail_")
 
 
-def standalone(a, sets, seconds, weights):
+def standalone(a, sets, seconds, weights, extra=()):
     """The engine alone (bench/actors/standalone_rollout) with the job's config and weights."""
     out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
-                          "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []),
+                          "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []) + list(extra),
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,
                          env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -240,6 +243,9 @@ def overhead_ratios(fin, alone):
            "overhead_ratio_wall": job_rate / alone["tokens_per_s"],
            "job_rollout_tok_per_cpu_s": job_cpu_rate, "standalone_tok_per_cpu_s": alone["tokens_per_cpu_s"],
            "overhead_ratio": job_cpu_rate / alone["tokens_per_cpu_s"]}
+    if fin.get("engine_weight_updates"):
+        # The job's pace: one learner update (one grant wave, one weight update) every this often.
+        res["job_wave_period_ms"] = 1000 * fin["gen_active_s"] / fin["engine_weight_updates"]
     # Where the difference goes: how full the engine's decode batches were (sampled tokens per
     # decode step), the share of the process CPU spent outside engine steps (transport, the
     # actor's loop, weight updates, rendering), and the engine's own tokens per CPU-second.
@@ -253,11 +259,17 @@ def overhead_ratios(fin, alone):
     return res
 
 
-def side_by_side_round(a, sets, weights):
+def side_by_side_round(a, sets, weights, period_ms):
     """The job and the engine alone at the same time: the engine alone starts once the job
     trains and runs --overhead-side-seconds while the job goes on, so both see the same
     machine (the learner busy on the other core, the same neighbours), which the back-to-back
-    rounds cannot give: there the engine alone has an idle core beside it."""
+    rounds cannot give: there the engine alone has an idle core beside it.
+
+    Then, still beside the job, the engine alone paced as the job's rollout is (paced_*): a
+    wave of one update's groups every period_ms (the back-to-back jobs' median), the engine
+    idle in between, and a weight update per wave. The job's rollout is learner-bound and idle
+    between grant waves; this peer has that duty cycle and no actor system, so its ratio is
+    the actor system's own cost, and the continuous peer's the duty cycle's on top."""
     runs = tempfile.mkdtemp(prefix="troupe-bench-")
     if not os.environ.get("TROUPE_BENCH_KEEP_RUNS"):
         atexit.register(shutil.rmtree, runs, True)
@@ -277,6 +289,10 @@ def side_by_side_round(a, sets, weights):
         if job.poll() is not None:
             raise SystemExit("side-by-side job ended before it trained (rc %s)" % job.returncode)
         alone = standalone(a, sets, a.overhead_side_seconds, weights)
+        paced = standalone(a, sets, a.overhead_side_seconds, weights,
+                           ["--wave-period-ms", "%.2f" % period_ms, "--weight-updates-per-s", "%.2f" % (1000 / period_ms)])
+        if job.poll() is not None:
+            raise SystemExit("the side-by-side job ended before the engine alone did: raise --overhead-side-steps")
         job.wait(timeout=a.timeout)
     finally:
         if job.poll() is None:
@@ -288,7 +304,11 @@ def side_by_side_round(a, sets, weights):
     fin = [r for r in fin if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
     if not fin:
         raise SystemExit("no rollout final report")
-    return overhead_ratios(fin[0], alone)
+    res = overhead_ratios(fin[0], alone)
+    for k, v in overhead_ratios(fin[0], paced).items():
+        if k.startswith("standalone_") or k in ("overhead_ratio", "overhead_ratio_wall", "engine_efficiency_ratio"):
+            res["paced_" + k] = v
+    return res
 
 
 def bench_overhead(a):
@@ -309,15 +329,19 @@ def bench_overhead(a):
     res["overhead_ratio_by_round"] = [round(r["overhead_ratio"], 3) for r in rounds]
     res["overhead_ratio_wall_by_round"] = [round(r["overhead_ratio_wall"], 3) for r in rounds]
     side = []
-    for i in range(a.overhead_side_rounds):
-        r = side_by_side_round(a, sets, weights)
+    period_ms = res.get("job_wave_period_ms")
+    for i in range(a.overhead_side_rounds if period_ms else 0):
+        r = side_by_side_round(a, sets, weights, period_ms)
         sys.stderr.write("overhead side by side %d: %s\n" % (i + 1, json.dumps({k: round(v, 3) for k, v in r.items()})))
         side.append(r)
     if side:
         for k in ("overhead_ratio", "engine_efficiency_ratio", "job_engine_cpu_share", "standalone_engine_cpu_share",
-                  "job_tokens_per_decode_step", "standalone_tokens_per_decode_step"):
+                  "job_tokens_per_decode_step", "standalone_tokens_per_decode_step", "paced_overhead_ratio",
+                  "paced_engine_efficiency_ratio", "paced_standalone_engine_cpu_share",
+                  "paced_standalone_tokens_per_decode_step"):
             res["side_by_side_" + k] = median([r.get(k) for r in side])
         res["side_by_side_overhead_ratio_by_round"] = [round(r["overhead_ratio"], 3) for r in side]
+        res["side_by_side_paced_overhead_ratio_by_round"] = [round(r["paced_overhead_ratio"], 3) for r in side]
     return res
 
 
@@ -350,7 +374,7 @@ def main():
                     help="overhead: rounds of (job, engine alone), alternating order; medians")
     ap.add_argument("--overhead-side-rounds", type=int, default=3,
                     help="overhead: rounds of the job and the engine alone at the same time")
-    ap.add_argument("--overhead-side-steps", type=int, default=900,
+    ap.add_argument("--overhead-side-steps", type=int, default=1500,
                     help="overhead: the side-by-side job's updates (it must outlast the engine alone)")
     ap.add_argument("--overhead-side-seconds", type=float, default=20,
                     help="overhead: seconds of the engine alone beside the job")

@@ -14,7 +14,13 @@
 // share of every generated token, so the peer must generate with the same
 // weights as the job it is compared with.
 //
+// --wave-period-ms P paces it as a learner-bound job is paced: a wave of
+// max_groups_in_flight groups (one update's grant) at most every P ms, the
+// engine idle in between (job_bench.py's paced side-by-side peer).
+//
 //   standalone_rollout CONFIG [--seconds S] [--weights PATH] [--set key=value ...]
+//                      [--waves] [--wave-gap-ms G] [--wave-period-ms P]
+//                      [--weight-updates-per-s U] [--load-via-update]
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -53,6 +59,7 @@ int main(int argc, char** argv) {
   double updates_per_s = 0;  // weight updates from another thread, as a job's receiver makes
   bool waves = false;        // refill only once every group finished (a job's grant waves)
   double wave_gap_ms = 0;    // --waves: idle this long between waves (a learner-bound job)
+  double wave_period_ms = 0;  // waves that start this often at most: a learner-bound job's pace
   bool load_via_update = false;  // start from random weights, then UpdateWeights (as a job)
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
@@ -68,6 +75,10 @@ int main(int argc, char** argv) {
       load_via_update = true;
     else if (a == "--wave-gap-ms" && i + 1 < argc)
       wave_gap_ms = std::atof(argv[++i]);
+    else if (a == "--wave-period-ms" && i + 1 < argc) {
+      wave_period_ms = std::atof(argv[++i]);
+      waves = true;
+    }
     else if (a == "--weight-updates-per-s" && i + 1 < argc)
       updates_per_s = std::atof(argv[++i]);
   }
@@ -141,12 +152,20 @@ int main(int argc, char** argv) {
     });
   }
   uint64_t serial = 0;
+  auto next_wave = t0;
   while (std::chrono::steady_clock::now() < end) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait_until(l, end, [&] { return waves ? in_flight == 0 : in_flight < max_in_flight; });
-    if (waves && wave_gap_ms > 0) {
+    if (waves && (wave_gap_ms > 0 || wave_period_ms > 0)) {
       l.unlock();
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(wave_gap_ms));
+      if (next_wave < end)
+        std::this_thread::sleep_until(next_wave);
+      else
+        std::this_thread::sleep_until(end);
+      next_wave = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double, std::milli>(wave_period_ms));
       l.lock();
     }
     while (in_flight < max_in_flight && std::chrono::steady_clock::now() < end) {
