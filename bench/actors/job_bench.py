@@ -26,14 +26,22 @@
      as the learner-bound job's rollout is (side_by_side_paced_*: a wave of one
      update's groups and a weight update every job_wave_period_ms, idle between),
      which separates the actor system's own cost from the duty cycle's.
+  4. duty cycle (duty_cycle): what idling between grant waves costs with no actor system at
+     all: the engine alone (standalone_rollout --waves, one update's groups a wave) with
+     --duty-gaps idle milliseconds between waves, against the same waves back to back, in
+     --duty-rounds rounds of alternating order; beside it the same gaps for a plain PyTorch
+     loop of matmul bursts over a working set of the engine's size (idle_burst.py: this
+     machine's own cold-start cost). Each gap's tokens per CPU-second over gap 0's.
 
-Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead] [--rounds 3]
+Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead,duty_cycle] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
 """
 import argparse, atexit, json, os, re, shutil, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
+# The overhead job and its engine-alone peers: one rollout actor, far from the lag gate.
+OVERHEAD_SETS = ["rollout.count=1", "trainer.max_policy_lag=8"]
 
 
 def troupe_run(build, sets, timeout, with_runs=False, config=CONFIG):
@@ -205,12 +213,18 @@ def bench_async_longtail(a):
     return lag_runs(a, config, sets, a.longtail_target, a.longtail_seconds, "longtail_")
 
 
+def actor_env():
+    """The environment `troupe run` gives its actors (launcher/head.h ActorEnvironment): the
+    peers run with the same OpenMP waits."""
+    return dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+
+
 def standalone(a, sets, seconds, weights, extra=()):
     """The engine alone (bench/actors/standalone_rollout) with the job's config and weights."""
     out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
                           "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []) + list(extra),
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,
-                         env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+                         env=actor_env())
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -314,7 +328,7 @@ def side_by_side_round(a, sets, weights, period_ms):
 def bench_overhead(a):
     """--overhead-rounds rounds of (job, engine alone), the order alternating (the engine
     alone first in even rounds); each round's ratios, and their medians."""
-    sets = ["rollout.count=1", "trainer.max_policy_lag=8", "stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
+    sets = OVERHEAD_SETS + ["stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
             "eval.every_steps=0", "rollout.credit_reserve=%d" % a.credit_reserve] + a.overhead_set
     if a.overhead_rounds < 1:
         raise SystemExit("--overhead-rounds must be at least 1 (its job's weights feed the engine alone)")
@@ -342,6 +356,42 @@ def bench_overhead(a):
             res["side_by_side_" + k] = median([r.get(k) for r in side])
         res["side_by_side_overhead_ratio_by_round"] = [round(r["overhead_ratio"], 3) for r in side]
         res["side_by_side_paced_overhead_ratio_by_round"] = [round(r["paced_overhead_ratio"], 3) for r in side]
+    return res
+
+
+def bench_duty_cycle(a):
+    """The engine alone in waves of one update's groups, idle --duty-gaps ms between waves, vs
+    back to back (gap 0); and a plain PyTorch loop (idle_burst.py) with the same gaps. Rounds
+    alternate the order of the gaps; each gap's ratio to gap 0 within a round, then medians."""
+    weights = a.duty_weights
+    if not weights:
+        _, _, runs = troupe_run(a.build, OVERHEAD_SETS + ["stop.target_accuracy=0", "stop.max_steps=200",
+                                                          "eval.every_steps=0"], a.timeout, with_runs=True)
+        weights = os.path.join(runs, "latest")
+    gaps = [0.0] + [float(g) for g in a.duty_gaps.split(",") if float(g) > 0]
+    eng, loop = {g: [] for g in gaps}, {g: [] for g in gaps}
+    for i in range(a.duty_rounds):
+        order = gaps if i % 2 == 0 else list(reversed(gaps))
+        got_e, got_l = {}, {}
+        for g in order:
+            r = standalone(a, OVERHEAD_SETS, a.duty_seconds, weights, ["--waves", "--wave-gap-ms", "%g" % g])
+            got_e[g] = r["tokens_per_cpu_s"]
+            out = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "actors", "idle_burst.py"),
+                                  "--gap-ms", "%g" % g, "--seconds", "%g" % a.duty_seconds],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                 timeout=a.duty_seconds + 120, env=actor_env())
+            got_l[g] = json.loads(out.stdout.strip().splitlines()[-1])["cpu_s_per_burst"]
+        for g in gaps:
+            eng[g].append(got_e[g] / got_e[0.0])
+            loop[g].append(got_l[0.0] / got_l[g])  # work per CPU-second, relative to gap 0
+        sys.stderr.write("duty cycle round %d: engine tok/CPU-s %s; loop CPU-ms per burst %s\n" % (
+            i + 1, {g: round(v) for g, v in got_e.items()}, {g: round(1000 * v, 2) for g, v in got_l.items()}))
+    res = {"duty_gaps_ms": gaps[1:]}
+    for g in gaps[1:]:
+        res["duty_engine_ratio_gap%g" % g] = median(eng[g])
+        res["duty_engine_ratio_gap%g_by_round" % g] = [round(x, 3) for x in eng[g]]
+        res["duty_loop_ratio_gap%g" % g] = median(loop[g])
+        res["duty_loop_ratio_gap%g_by_round" % g] = [round(x, 3) for x in loop[g]]
     return res
 
 
@@ -382,11 +432,16 @@ def main():
                     help="overhead: seconds of the engine alone when it runs before the job")
     ap.add_argument("--overhead-set", action="append", default=[], metavar="KEY=VALUE",
                     help="overhead: another --set for the job and the engine alone (repeatable)")
+    ap.add_argument("--duty-gaps", default="5,20,50", help="duty_cycle: idle ms between waves (besides 0)")
+    ap.add_argument("--duty-rounds", type=int, default=3)
+    ap.add_argument("--duty-seconds", type=float, default=6)
+    ap.add_argument("--duty-weights", default="", help="duty_cycle: weights for the engine (default: a 200-update job's)")
     a = ap.parse_args()
     res = {"bench": "job"}
     for part in a.only.split(","):
         fn = {"default": bench_default, "async": bench_async, "async_multiturn": bench_async_multiturn,
-              "async_longtail": bench_async_longtail, "overhead": bench_overhead}[part]
+              "async_longtail": bench_async_longtail, "overhead": bench_overhead,
+              "duty_cycle": bench_duty_cycle}[part]
         r = fn(a)
         sys.stderr.write(f"{part}: {json.dumps(r)}\n")
         res.update(r)

@@ -1,6 +1,10 @@
 #include "troupe/engine/memory.h"
 
 #include <malloc.h>
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <cstring>
 
 namespace troupe::engine {
 
@@ -17,6 +21,15 @@ bool ConfigureAllocatorForTensors() {
   ok &= mallopt(M_MMAP_MAX, 0) == 1;
   ok &= mallopt(M_ARENA_MAX, 1) == 1;
   return ok;
+}
+
+void* AllocateOnHugePages(size_t bytes) {
+  const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  void* p = nullptr;
+  if (rounded == 0 || posix_memalign(&p, kHugePageBytes, rounded) != 0) return nullptr;
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // before the first touch: faults take huge pages
+  std::memset(p, 0, rounded);
+  return p;
 }
 
 }  // namespace troupe::engine

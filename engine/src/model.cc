@@ -1,6 +1,7 @@
 #include "troupe/engine/model.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <unordered_map>
 
@@ -11,6 +12,7 @@
 
 #include "cpu_kernels.h"
 #include "troupe/core/check.h"
+#include "troupe/engine/memory.h"
 
 namespace troupe::engine {
 
@@ -32,6 +34,17 @@ std::string ShapeString(at::IntArrayRef s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
+// A zeroed CPU tensor on transparent huge pages (memory.h: AllocateOnHugePages); at::zeros
+// for tensors under 1 MiB (a huge page would mostly hold nothing) or where allocation fails.
+at::Tensor ZerosOnHugePages(at::IntArrayRef shape, const at::TensorOptions& opts) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(opts.dtype().toScalarType());
+  void* p = bytes >= kHugePageBytes / 2 ? AllocateOnHugePages(bytes) : nullptr;
+  if (p == nullptr) return at::zeros(shape, opts);
+  return at::from_blob(p, shape, [](void* q) { std::free(q); }, opts);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ KvCache
@@ -42,9 +55,15 @@ KvCache::KvCache(const ModelConfig& config, int64_t num_slots, int64_t max_len,
   TROUPE_CHECK_GT(num_slots, 0);
   TROUPE_CHECK_GT(max_len, 0);
   auto opts = at::TensorOptions().dtype(ToTorchDType(config.dtype)).device(device);
+  const std::vector<int64_t> shape = {num_slots, config.n_kv_heads, max_len, config.HeadDim()};
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    k_.push_back(at::zeros({num_slots, config.n_kv_heads, max_len, config.HeadDim()}, opts));
-    v_.push_back(at::zeros({num_slots, config.n_kv_heads, max_len, config.HeadDim()}, opts));
+    if (device.is_cpu()) {
+      k_.push_back(ZerosOnHugePages(shape, opts));
+      v_.push_back(ZerosOnHugePages(shape, opts));
+    } else {
+      k_.push_back(at::zeros(shape, opts));
+      v_.push_back(at::zeros(shape, opts));
+    }
   }
 }
 

@@ -75,6 +75,10 @@ struct Record {
 
 }  // namespace
 
+std::map<std::string, std::string> ActorEnvironment() {
+  return {{"OMP_WAIT_POLICY", "PASSIVE"}};
+}
+
 class Head::Impl {
  public:
   Impl(HeadOptions o, std::unique_ptr<transport::Network> net, std::unique_ptr<Spawner> sp)

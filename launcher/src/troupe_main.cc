@@ -331,7 +331,7 @@ int CmdRun(RunArgs a) {
     ho.actor_args.push_back("--secrets-stdin");
     ho.actor_secrets = *secrets;
   }
-  ho.actor_env = {{"OMP_WAIT_POLICY", "PASSIVE"}};
+  ho.actor_env = ActorEnvironment();
   if (!a.resume.empty()) ho.actor_env["TROUPE_RESUME"] = "1";
   ho.live_progress = !a.detach && ::isatty(STDOUT_FILENO);
   TelemetryOptions tele;

@@ -82,6 +82,7 @@ class HeadTest : public ::testing::Test {
     o.roles["echo"] = echo;
     o.completion_role = "";
     o.actor_binary = BuildDir() + "/actors/troupe-actor";
+    o.actor_env = ActorEnvironment();  // as `troupe run` sets it
     transport::ZmqNetworkOptions no;
     no.identity.actor_id = "head";
     auto net = transport::NewZmqNetwork(no);
@@ -131,6 +132,20 @@ TEST_F(HeadTest, ActorsRegisterAndStatusListsThem) {
     auto t = ReadFile(run_.log_file("echo-1"));
     return t.ok() && t->find("[echo-1] actors: echo serving at") != std::string::npos;
   }));
+}
+
+// Every actor process runs with ActorEnvironment() (passive OpenMP waits), as `troupe run`
+// sets it: the variables reach the process itself.
+TEST_F(HeadTest, ActorsRunWithTheActorEnvironment) {
+  ::unsetenv("OMP_WAIT_POLICY");  // not inherited from this test's own environment
+  StartHead(1);
+  ASSERT_TRUE(Eventually([&] { return ReadyCount() == 1; }));
+  const int pid = Status().actors.at(0).pid;
+  auto env_file = ReadFile("/proc/" + std::to_string(pid) + "/environ");
+  ASSERT_TRUE(env_file.ok()) << env_file.status().ToString();
+  std::string e = "\n" + *env_file;
+  for (char& c : e) c = c == '\0' ? '\n' : c;
+  EXPECT_NE(e.find("\nOMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << e;
 }
 
 TEST_F(HeadTest, KilledActorIsRestarted) {

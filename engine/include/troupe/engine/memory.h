@@ -12,10 +12,23 @@
 // keeps its peak heap. Call it once at the start of
 // main(), before threads start; it is not called by any library code (it changes the
 // whole process). Returns false if glibc refused a setting. Thread-compatible only.
+//
+// AllocateOnHugePages(bytes): zeroed memory aligned to 2 MiB and advised as transparent huge
+// pages (madvise MADV_HUGEPAGE), for buffers that every step reads a little of in many places:
+// the KV cache, whose attention reads touch one 4 KiB page per (slot, head) row, thousands of
+// TLB entries a step. A rollout that idles between grant waves starts each wave with those
+// entries gone (bench/actors/job_bench.py --only duty_cycle). Returns nullptr where the aligned
+// allocation fails; the advice is best effort (4 KiB pages where the kernel refuses it). Free
+// with std::free. Thread-safe.
 #pragma once
+
+#include <cstddef>
 
 namespace troupe::engine {
 
 bool ConfigureAllocatorForTensors();
+
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+void* AllocateOnHugePages(size_t bytes);
 
 }  // namespace troupe::engine

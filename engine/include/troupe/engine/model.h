@@ -55,7 +55,8 @@ c10::ScalarType ToTorchDType(DType dtype);
 // [num_slots, n_kv_heads, max_len, head_dim] in the model dtype on the model
 // device, zero-initialised (so masked positions never hold NaN). A slot holds one
 // sequence; position p of a slot holds the keys/values of token p. Allocated
-// once; generation never reallocates it. Not thread-safe: one user at a time.
+// once (on the CPU, from 1 MiB per tensor, on transparent huge pages: memory.h);
+// generation never reallocates it. Not thread-safe: one user at a time.
 class KvCache {
  public:
   KvCache(const ModelConfig& config, int64_t num_slots, int64_t max_len, torch::Device device);

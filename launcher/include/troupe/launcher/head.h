@@ -37,6 +37,11 @@
 
 namespace troupe::launcher {
 
+// The environment `troupe run` gives every actor process (HeadOptions::actor_env):
+// OMP_WAIT_POLICY=PASSIVE, since actors share cores and spin-waiting OpenMP threads would
+// starve the others.
+std::map<std::string, std::string> ActorEnvironment();
+
 struct HeadOptions {
   std::string job_name;                      // shown in status and the summary
   RunDir run;                                // the run folder (must exist)
