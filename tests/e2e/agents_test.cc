@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -262,32 +263,50 @@ TEST(AgentServerJob, AgentServerKilledMidRunGivesZeroRewardsWithAReasonAndTheJob
 // (file_reverse: read the file, submit the word reversed), every training episode
 // played by the reference agent server through the endpoint, its tool outputs
 // masked. The learner's held-out evaluation (built-in episodes, greedy, all 200
-// prompts) climbs from the partial warm start (0.535) to 0.62: ~9 minutes on 2
-// cores (the 475-step warm start is ~4 of them).
+// prompts) must climb 0.07 above the partial warm start. Where the warm start ends
+// depends on the CPU (OpenBLAS picks its kernels per CPU, so the 475 supervised steps
+// round differently: 0.535 on one of our machines, 0.675 on another), so the warm start
+// runs first, alone, and the RL job starts from its checkpoint with the target set above
+// what it reached (at least 0.62): ~9 minutes on 2 cores.
 TEST(AgentServerJob, HeldOutAccuracyRisesWhenEveryMultiTurnEpisodeComesFromTheAgent) {
   fs::path dir = TestDir("agents-learn");
   AgentServer agent(dir);
   ASSERT_GT(agent.port(), 0);
-  constexpr double kTarget = 0.62;
+  fs::create_directories(dir / "warm");
+  fs::create_directories(dir / "rl");
+  // The warm start's job stays in scope: its run folder (the checkpoint) goes with it.
+  Job warm("agent_server.yaml", Short(1, {agent.Override(), "eval.prompts=200"}), dir / "warm");
+  auto we = warm.Wait(1500000);
+  ASSERT_TRUE(we.exited && we.code == 0) << we.ToString() << "\n" << warm.Output();
+  auto ws = warm.Metrics("warm_start");
+  ASSERT_EQ(ws.size(), 1u);
+  const double start = ws[0].value("eval_accuracy", 0.0);
+  auto warm_run = warm.run();
+  ASSERT_TRUE(warm_run.ok());
+  std::vector<std::string> ckpts;  // ckpt-<version>: the first is the warm start's
+  for (auto& f : fs::directory_iterator(fs::path(warm_run->path) / "checkpoints"))
+    if (f.path().filename().string().rfind("ckpt-", 0) == 0) ckpts.push_back(f.path().string());
+  ASSERT_FALSE(ckpts.empty());
+  std::sort(ckpts.begin(), ckpts.end());
+  const std::string warm_ckpt = ckpts.front();
+  ASSERT_LT(start, 0.85) << "the warm start leaves no room to learn";
+  const double target = std::max(0.62, start + 0.07);
   Job job("agent_server.yaml",
-          Short(400, {agent.Override(), "eval.every_steps=10", "eval.prompts=200",
-                      "checkpoint.every_steps=50",
-                      "stop.target_accuracy=" + std::to_string(kTarget)}),
-          dir);
+          Short(400, {agent.Override(), "warm_start.steps=0", "warm_start.init_from=" + warm_ckpt,
+                      "eval.every_steps=10", "eval.prompts=200", "checkpoint.every_steps=50",
+                      "stop.target_accuracy=" + std::to_string(target)}),
+          dir / "rl");
   auto e = job.Wait(1500000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
-  auto warm = job.Metrics("warm_start");
   auto evals = job.Metrics("eval");
-  ASSERT_EQ(warm.size(), 1u);
   ASSERT_FALSE(evals.empty());
-  double start = warm[0].value("eval_accuracy", 0.0), best = 0;
+  double best = 0;
   for (auto& ev : evals) best = std::max(best, ev.value("eval_accuracy", 0.0));
-  std::printf("held-out accuracy: warm start %.3f, best %.3f after %zu evals (last at update %.0f)\n",
-              start, best, evals.size(), evals.back().value("step", 0.0));
-  EXPECT_LT(start, 0.58) << "the warm start alone was already close to the target";
-  EXPECT_GE(best, kTarget) << "held-out accuracy did not reach " << kTarget << ": warm start "
-                           << start << ", best " << best << " in " << evals.size() << " evals";
-  EXPECT_GE(best - start, 0.07) << "warm start " << start << ", best " << best;
+  std::printf("held-out accuracy: warm start %.3f, target %.3f, best %.3f after %zu evals (last at "
+              "update %.0f)\n",
+              start, target, best, evals.size(), evals.back().value("step", 0.0));
+  EXPECT_GE(best, target) << "held-out accuracy did not reach " << target << ": warm start "
+                          << start << ", best " << best << " in " << evals.size() << " evals";
   ExpectAccountingHolds(job);
   auto rollouts = job.Finals("rollout");
   ASSERT_FALSE(rollouts.empty());
