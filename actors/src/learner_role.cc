@@ -664,10 +664,8 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     // whole update's worth at a time, so a burst that arrives while it steps belongs to the
     // updates after the next one (keyed by arrival, the whole burst went to the next update and
     // the later ones got no sample; which updates did depended on the machine's timing).
-    const uint64_t ahead =
-        adm->queued_batches > 0
-            ? (adm->queued_batches - 1) / static_cast<uint64_t>(std::max(1, job_.trainer.batches_per_update))
-            : 0;
+    // (queued_batches counts this batch; batches_per_update is validated >= 1.)
+    const uint64_t ahead = (adm->queued_batches - 1) / static_cast<uint64_t>(job_.trainer.batches_per_update);
     rollouts_.Offer(rt_, m, learner_->version(), RlUpdates() + 1 + ahead);
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);

@@ -81,6 +81,14 @@ def summary(recs):
     return {}
 
 
+def run_json(cmd, timeout, env):
+    """Runs a benchmark command that ends with one JSON line; returns that line, parsed."""
+    out = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env, timeout=timeout)
+    if out.returncode != 0:
+        raise SystemExit(f"failed ({out.returncode}): {' '.join(cmd)}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_peer(a):
     """The Python peer at its best on the same 2 cores (bench/reference/grpo_reverse.py: 2 intra-op
     threads, OMP_WAIT_POLICY=PASSIVE, the recipe of its sweep), evaluating as often as the job does."""
@@ -89,11 +97,7 @@ def run_peer(a):
            "--eval-every", "10"] + a.peer_args.split()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     env.pop("OMP_NUM_THREADS", None)
-    out = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env,
-                         timeout=a.reference_seconds + 300)
-    if out.returncode != 0:
-        raise SystemExit(f"peer failed ({out.returncode}): {' '.join(cmd)}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(cmd, a.reference_seconds + 300, env)
 
 
 def bench_default(a):
@@ -221,11 +225,9 @@ def actor_env():
 
 def standalone(a, sets, seconds, weights, extra=()):
     """The engine alone (bench/actors/standalone_rollout) with the job's config and weights."""
-    out = subprocess.run([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
-                          "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []) + list(extra),
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, timeout=seconds + 120,
-                         env=actor_env())
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json([os.path.join(a.build, "bench", "actors", "standalone_rollout"), CONFIG, "--seconds",
+                     "%.1f" % seconds, "--weights", weights] + sum([["--set", s] for s in sets], []) + list(extra),
+                    seconds + 120, actor_env())
 
 
 def overhead_round(a, sets, alone_first, weights):
@@ -376,11 +378,9 @@ def bench_duty_cycle(a):
         for g in order:
             r = standalone(a, OVERHEAD_SETS, a.duty_seconds, weights, ["--waves", "--wave-gap-ms", "%g" % g])
             got_e[g] = r["tokens_per_cpu_s"]
-            out = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "bench", "actors", "idle_burst.py"),
-                                  "--gap-ms", "%g" % g, "--seconds", "%g" % a.duty_seconds],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
-                                 timeout=a.duty_seconds + 120, env=actor_env())
-            got_l[g] = json.loads(out.stdout.strip().splitlines()[-1])["cpu_s_per_burst"]
+            got_l[g] = run_json(["/usr/bin/python3", os.path.join(ROOT, "bench", "actors", "idle_burst.py"),
+                                 "--gap-ms", "%g" % g, "--seconds", "%g" % a.duty_seconds],
+                                a.duty_seconds + 120, actor_env())["cpu_s_per_burst"]
         for g in gaps:
             eng[g].append(got_e[g] / got_e[0.0])
             loop[g].append(got_l[0.0] / got_l[g])  # work per CPU-second, relative to gap 0

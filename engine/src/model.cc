@@ -34,13 +34,13 @@ std::string ShapeString(at::IntArrayRef s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
-// A zeroed CPU tensor on transparent huge pages (memory.h: AllocateOnHugePages); at::zeros
-// for tensors under 1 MiB (a huge page would mostly hold nothing) or where allocation fails.
+// A zeroed tensor; on the CPU from 1 MiB on transparent huge pages (memory.h:
+// AllocateOnHugePages), else (smaller, another device, or no aligned memory) at::zeros.
 at::Tensor ZerosOnHugePages(at::IntArrayRef shape, const at::TensorOptions& opts) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(opts.dtype().toScalarType());
-  void* p = bytes >= kHugePageBytes / 2 ? AllocateOnHugePages(bytes) : nullptr;
+  const size_t bytes = static_cast<size_t>(c10::multiply_integers(shape)) *
+                       c10::elementSize(opts.dtype().toScalarType());
+  void* p = opts.device().is_cpu() && bytes >= kHugePageBytes / 2 ? AllocateOnHugePages(bytes)
+                                                                   : nullptr;
   if (p == nullptr) return at::zeros(shape, opts);
   return at::from_blob(p, shape, [](void* q) { std::free(q); }, opts);
 }
@@ -57,13 +57,8 @@ KvCache::KvCache(const ModelConfig& config, int64_t num_slots, int64_t max_len,
   auto opts = at::TensorOptions().dtype(ToTorchDType(config.dtype)).device(device);
   const std::vector<int64_t> shape = {num_slots, config.n_kv_heads, max_len, config.HeadDim()};
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    if (device.is_cpu()) {
-      k_.push_back(ZerosOnHugePages(shape, opts));
-      v_.push_back(ZerosOnHugePages(shape, opts));
-    } else {
-      k_.push_back(at::zeros(shape, opts));
-      v_.push_back(at::zeros(shape, opts));
-    }
+    k_.push_back(ZerosOnHugePages(shape, opts));
+    v_.push_back(ZerosOnHugePages(shape, opts));
   }
 }
 

@@ -1,4 +1,5 @@
 // LlamaModel, KV-cache forward paths, the behaviour log-prob, and safetensors I/O.
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,7 @@
 
 #include "test_util.h"
 #include "troupe/engine/logprob.h"
+#include "troupe/engine/memory.h"
 #include "troupe/engine/model.h"
 #include "troupe/engine/safetensors.h"
 
@@ -182,6 +184,27 @@ TEST(ModelTest, CheckTokensNamesTheProblem) {
   EXPECT_FALSE(model.CheckTokens(at::zeros({2, 49}, at::kLong)).ok());
   EXPECT_FALSE(model.CheckTokens(at::zeros({2, 3}, at::kFloat)).ok());
   EXPECT_FALSE(model.CheckTokens(at::zeros({1, 2, 3}, at::kLong)).ok());
+}
+
+// A CPU cache of 1 MiB or more per tensor sits on 2 MiB-aligned memory (transparent huge
+// pages, memory.h), zeroed, with the documented shape; a small one is plain torch memory.
+TEST(KvCacheTest, LargeCpuCachesAreOnHugePageAlignedZeroedMemory) {
+  ModelConfig c = TinyConfig();
+  const int64_t row_bytes = c.n_kv_heads * 32 * c.HeadDim() * 4;  // float32, 32 positions
+  const int64_t slots = 2 * ((int64_t{1} << 20) / row_bytes + 1);
+  KvCache big(c, slots, 32, torch::kCPU);
+  ASSERT_EQ(big.num_layers(), c.n_layers);
+  for (int64_t l = 0; l < big.num_layers(); ++l) {
+    for (at::Tensor* t : {&big.k(l), &big.v(l)}) {
+      EXPECT_EQ(t->sizes(), at::IntArrayRef({slots, c.n_kv_heads, 32, c.HeadDim()}));
+      EXPECT_GE(t->nbytes(), size_t{1} << 20);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data_ptr()) % kHugePageBytes, 0u) << "layer " << l;
+      EXPECT_EQ(t->abs().max().item<float>(), 0.f);
+    }
+  }
+  EXPECT_EQ(big.bytes(), 2 * c.n_layers * slots * row_bytes);
+  KvCache small(c, 2, 32, torch::kCPU);
+  EXPECT_EQ(small.k(0).abs().max().item<float>(), 0.f);
 }
 
 // Incremental decoding through the cache (both kernels) reproduces Forward's logits.
