@@ -126,7 +126,7 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                      at::Tensor& v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                      at::Tensor& out, const at::Tensor& q_norm, const at::Tensor& k_norm,
-                     double eps) {
+                     double eps, const at::Tensor& copies) {
   CheckRows(qkv, "PackedAttention qkv");
   CheckRows(out, "PackedAttention out");
   const int64_t n = qkv.size(0), hd = head_dim, half = hd / 2;
@@ -155,6 +155,24 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
   const int64_t* slot_p = slots.data_ptr<int64_t>();
   const float* cos_p = cos.data_ptr<float>();
   const float* sin_p = sin.data_ptr<float>();
+  const int64_t* cp = nullptr;
+  int64_t n_copies = 0;
+  if (copies.defined() && copies.numel() > 0) {
+    TORCH_CHECK(copies.scalar_type() == at::kLong && copies.is_contiguous() && copies.dim() == 2 &&
+                    copies.size(1) == 3,
+                "PackedAttention: copies must be int64 [C, 3] (source slot, destination slot, "
+                "length)");
+    cp = copies.data_ptr<int64_t>();
+    n_copies = copies.size(0);
+    for (int64_t c = 0; c < n_copies; ++c) {
+      const int64_t* x = cp + 3 * c;
+      TORCH_CHECK(x[0] >= 0 && x[0] < num_slots && x[1] >= 0 && x[1] < num_slots && x[0] != x[1],
+                  "PackedAttention: copy ", c, " from slot ", x[0], " to slot ", x[1],
+                  " outside [0, ", num_slots, ") or onto itself");
+      TORCH_CHECK(x[2] >= 0 && x[2] <= max_len, "PackedAttention: copy ", c, " of ", x[2],
+                  " positions outside the cache length ", max_len);
+    }
+  }
   int64_t longest = 0;
   for (int64_t r = 0; r < n; ++r) {
     TORCH_CHECK(pos_p[r] >= 0 && pos_p[r] < max_len && pos_p[r] < cos.size(0), "position ",
@@ -204,6 +222,18 @@ void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor&
                 kd[half + i] = static_cast<scalar_t>(x2 * c[i] + x1 * sn[i]);
               }
               std::copy(xv, xv + hd, vd);
+            }
+          }
+        });
+        // The shared prompts' cache rows, copied while they are still in cache.
+        at::parallel_for(0, n_copies, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t c = begin; c < end; ++c) {
+            const int64_t src = cp[3 * c], dst = cp[3 * c + 1], len = cp[3 * c + 2];
+            for (int64_t h = 0; h < n_kv_heads; ++h) {
+              const int64_t from = (src * n_kv_heads + h) * max_len * hd;
+              const int64_t to = (dst * n_kv_heads + h) * max_len * hd;
+              std::copy(kc + from, kc + from + len * hd, kc + to);
+              std::copy(vc + from, vc + from + len * hd, vc + to);
             }
           }
         });

@@ -29,10 +29,16 @@ at::Tensor SiluMulRows(const at::Tensor& gu);
 // reads KV head h / (H / Hkv). Precondition: no two rows share a (slot, position).
 // Qwen3: when q_norm / k_norm ([hd] each, the model dtype) are defined, every query and key
 // head is RMS-normalised with them (epsilon `eps`, rounded like RmsNormRows) before RoPE.
+// Shared prompts: when copies (int64 [C, 3] rows of source slot, destination slot, length) is
+// defined, positions [0, length) of each source slot's keys and values are copied to its
+// destination slot right after this call wrote them, before attention: the other samples of a
+// group get their prompt's cache in the same pass over the layer, while it is in cache, instead
+// of a copy of every layer afterwards.
 void PackedAttention(at::Tensor& qkv, const at::Tensor& slots, const at::Tensor& positions,
                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                      at::Tensor& v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                      at::Tensor& out, const at::Tensor& q_norm = {},
-                     const at::Tensor& k_norm = {}, double eps = 1e-6);
+                     const at::Tensor& k_norm = {}, double eps = 1e-6,
+                     const at::Tensor& copies = {});
 
 }  // namespace troupe::engine::cpu

@@ -757,6 +757,18 @@ void Engine::Loop::PackedStep(const std::vector<Chunk>& chunks) {
   at::Tensor toks = at::empty({n}, at::kLong), slot_ids = at::empty({n}, at::kLong);
   at::Tensor pos = at::empty({n}, at::kLong), rows = at::empty({m}, at::kLong);
   at::Tensor row_temps = at::empty({m, 1}, at::kFloat);
+  // The other samples of each new prompt get its cache rows inside the step, layer by layer
+  // while they are in cache (PackedAttention's copies), not by a copy of every layer after it.
+  int64_t n_copies = 0;
+  for (const Chunk& c : chunks) n_copies += static_cast<int64_t>(c.slots.size()) - 1;
+  at::Tensor copies = at::empty({n_copies, 3}, at::kLong);
+  int64_t* cp = copies.data_ptr<int64_t>();
+  for (const Chunk& c : chunks)
+    for (size_t j = 1; j < c.slots.size(); ++j) {
+      *cp++ = c.slots[0];
+      *cp++ = c.slots[j];
+      *cp++ = c.len;
+    }
   int64_t *tp = toks.data_ptr<int64_t>(), *sp = slot_ids.data_ptr<int64_t>();
   int64_t *pp = pos.data_ptr<int64_t>(), *rp = rows.data_ptr<int64_t>();
   float* temp_p = row_temps.data_ptr<float>();
@@ -777,8 +789,7 @@ void Engine::Loop::PackedStep(const std::vector<Chunk>& chunks) {
     temp_p[k] = static_cast<float>(EffectiveTemperature(c.work->req.sampling.temperature));
     rp[k++] = r - 1;
   }
-  at::Tensor logits = model.Step(toks, slot_ids, pos, rows, cache);
-  SharePrefill(chunks);
+  at::Tensor logits = model.Step(toks, slot_ids, pos, rows, cache, copies);
   at::Tensor logp = ScaledLogSoftmax(logits, row_temps).contiguous();
   if (!running.empty()) ++delta.decode_steps;
   if (!chunks.empty()) ++delta.prefill_steps;

@@ -604,7 +604,7 @@ torch::Tensor LlamaModel::Prefill(const torch::Tensor& ids, const torch::Tensor&
 
 torch::Tensor LlamaModel::Step(const torch::Tensor& tokens, const torch::Tensor& slots,
                                const torch::Tensor& positions, const torch::Tensor& logit_rows,
-                               KvCache& cache) {
+                               KvCache& cache, const torch::Tensor& copies) {
   const int64_t n = tokens.numel();
   TORCH_CHECK(n >= 1 && slots.numel() == n && positions.numel() == n, "Step: ", n, " tokens, ",
               slots.numel(), " slots, ", positions.numel(), " positions");
@@ -622,7 +622,7 @@ torch::Tensor LlamaModel::Step(const torch::Tensor& tokens, const torch::Tensor&
     qkv = WithLora(layer, kQkv, h, qkv).contiguous();
     cpu::PackedAttention(qkv, slots, positions, rope_cos_, rope_sin_,
                          cache.k(static_cast<int64_t>(li)), cache.v(static_cast<int64_t>(li)), H,
-                         Hkv, head_dim_, attn, layer.q_norm, layer.k_norm, eps);
+                         Hkv, head_dim_, attn, layer.q_norm, layer.k_norm, eps, copies);
     x = at::addmm(x, attn, layer.o_w.t());
     x = WithLora(layer, kO, attn, x);  // x + W attn + scale * B A attn
     h = cpu::RmsNormRows(x, layer.post_norm, eps);

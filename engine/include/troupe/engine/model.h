@@ -153,9 +153,13 @@ class LlamaModel : public torch::nn::Module {
   // a (slot, position). Returns float32 logits [M, V] for the rows listed in logit_rows
   // (int64 [M]): the head runs only on those. This is what the Engine runs on CPU: newly
   // admitted prompts join the running decode batch in one forward.
+  // copies (optional, int64 [C, 3]: source slot, destination slot, length): in each layer,
+  // positions [0, length) of the source slot's key/value rows are copied to the destination
+  // slot once this step wrote them: the samples of a group share their prompt's forward and
+  // get its cache in the same pass (not a copy of every layer afterwards).
   torch::Tensor Step(const torch::Tensor& tokens, const torch::Tensor& slots,
                      const torch::Tensor& positions, const torch::Tensor& logit_rows,
-                     KvCache& cache);
+                     KvCache& cache, const torch::Tensor& copies = {});
 
   // Every parameter under its Hugging Face name, in a fixed order: embed_tokens, then per
   // layer input_layernorm, q/k/v(/biases)/o_proj, q_norm/k_norm (Qwen3), post_attention_layernorm,
