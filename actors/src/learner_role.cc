@@ -660,13 +660,11 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   Held h{id, source, credited, sequences - n_unscored};
   h.unscored = n_unscored;
   if (adm.ok()) {
-    // Sampled for the update that will train it: the learner takes queued batches in order, a
-    // whole update's worth at a time, so a burst that arrives while it steps belongs to the
-    // updates after the next one (keyed by arrival, the whole burst went to the next update and
-    // the later ones got no sample; which updates did depended on the machine's timing).
-    // (queued_batches counts this batch; batches_per_update is validated >= 1.)
-    const uint64_t ahead = (adm->queued_batches - 1) / static_cast<uint64_t>(job_.trainer.batches_per_update);
-    rollouts_.Offer(rt_, m, learner_->version(), RlUpdates() + 1 + ahead);
+    // Sampled for the update that will train it (a burst arriving while the learner steps
+    // feeds the updates after the next one); queued_batches counts this batch.
+    rollouts_.Offer(rt_, m, learner_->version(),
+                    UpdateThatTrains(RlUpdates(), adm->queued_batches,
+                                     static_cast<uint64_t>(job_.trainer.batches_per_update)));
     h.deliveries.push_back(std::move(d));
     held_[id] = std::move(h);
     return;

@@ -25,6 +25,17 @@
 
 namespace troupe::actors {
 
+// The update that will train a batch the learner just queued, 1-based (Offer's `update`):
+// the learner takes queued batches in order, `batches_per_update` (>= 1) at a time, so
+// after `updates_done` updates a batch with `queued_batches` waiting (itself included, >= 1)
+// is trained by update updates_done + 1 + (queued_batches - 1) / batches_per_update. Keyed by
+// arrival instead, a burst arriving while the learner steps gave the next update its whole
+// quota and the updates after it none.
+inline uint64_t UpdateThatTrains(uint64_t updates_done, uint64_t queued_batches,
+                                 uint64_t batches_per_update) {
+  return updates_done + 1 + (queued_batches - 1) / batches_per_update;
+}
+
 class RolloutSampler {
  public:
   RolloutSampler(const launcher::JobConfig& job, const engine::Tokenizer* tokenizer, uint64_t seed);

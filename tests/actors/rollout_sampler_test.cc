@@ -151,6 +151,25 @@ TEST_F(SamplerTest, AtMostPerUpdateSpreadOverTheUpdatesBatches) {
   EXPECT_EQ(idx.size(), 4u);
 }
 
+TEST_F(SamplerTest, ABurstQueuedDuringAStepIsSampledForEachUpdateItFeeds) {
+  // One batch per update: after 7 updates, batches queued 1st..4th are trained by 8..11.
+  EXPECT_EQ(UpdateThatTrains(7, 1, 1), 8u);
+  EXPECT_EQ(UpdateThatTrains(7, 4, 1), 11u);
+  // Two per update: the 1st and 2nd feed update 8, the 3rd and 4th update 9.
+  EXPECT_EQ(UpdateThatTrains(7, 2, 2), 8u);
+  EXPECT_EQ(UpdateThatTrains(7, 3, 2), 9u);
+  // A burst of 4 batches (2 updates' worth) arrives while the learner steps: each of the two
+  // updates it feeds gets its quota, as if the batches had arrived one by one.
+  RolloutSampler s(Job(3), tok_.get(), 7);
+  size_t per_update[2] = {0, 0};
+  for (uint64_t q = 1; q <= 4; ++q) {
+    const uint64_t u = UpdateThatTrains(7, q, 2);
+    per_update[u - 8] += s.Sample(Scored("burst" + std::to_string(q), 8, 0), 0, u).size();
+  }
+  EXPECT_EQ(per_update[0], 3u);
+  EXPECT_EQ(per_update[1], 3u) << "the burst's second update got no sample";
+}
+
 TEST_F(SamplerTest, AnUnreadableBatchIsSkipped) {
   RolloutSampler s(Job(4), tok_.get(), 7);
   transport::OutMessage m;
