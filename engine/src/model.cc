@@ -487,15 +487,18 @@ torch::Tensor LlamaModel::Rope(const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin) const {
   // cos/sin broadcast against x[..., :half]; rotate-half convention.
   const int64_t half = head_dim_ / 2;
-  at::Tensor xf = x.to(at::kFloat);
-  at::Tensor x1 = xf.narrow(-1, 0, half), x2 = xf.narrow(-1, half, half);
+  // split, not two narrows: under autograd each narrow's backward fills a zero tensor of the
+  // whole input and the two are summed; split's backward concatenates (the same gradient).
+  const std::vector<at::Tensor> halves = x.to(at::kFloat).split(half, -1);
+  const at::Tensor &x1 = halves[0], &x2 = halves[1];
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
 }
 
 torch::Tensor LlamaModel::Mlp(const Layer& layer, const torch::Tensor& x) const {
   at::Tensor gu = WithLora(layer, kGateUp, x, at::linear(x, layer.gate_up_w));
   const int64_t f = config_.ffn_dim;
-  at::Tensor act = at::silu(gu.narrow(-1, 0, f)) * gu.narrow(-1, f, f);
+  const std::vector<at::Tensor> gate_up = gu.split(f, -1);  // split: see Rope
+  at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
   return WithLora(layer, kDown, act, at::linear(act, layer.down_w));
 }
 
@@ -543,15 +546,18 @@ torch::Tensor LlamaModel::RunLayers(torch::Tensor x, KvCache* cache, const torch
     const Layer& layer = layers_[li];
     at::Tensor h = RmsNorm(x, layer.input_norm);
     at::Tensor qkv = WithLora(layer, kQkv, h, at::linear(h, layer.qkv_w, layer.qkv_b));
-    at::Tensor q = qkv.narrow(-1, 0, q_size_).view({B, T, H, head_dim_});
-    at::Tensor k = qkv.narrow(-1, q_size_, kv_size_).view({B, T, Hkv, head_dim_});
+    // split, not three narrows: see Rope (the learner trains through this path).
+    const std::vector<at::Tensor> qkv_parts =
+        at::split_with_sizes(qkv, {q_size_, kv_size_, kv_size_}, -1);
+    at::Tensor q = qkv_parts[0].view({B, T, H, head_dim_});
+    at::Tensor k = qkv_parts[1].view({B, T, Hkv, head_dim_});
     if (layer.q_norm.defined()) {
       q = RmsNorm(q, layer.q_norm);
       k = RmsNorm(k, layer.k_norm);
     }
     q = Rope(q, cos, sin);
     k = Rope(k, cos, sin);
-    at::Tensor v = qkv.narrow(-1, q_size_ + kv_size_, kv_size_).view({B, T, Hkv, head_dim_});
+    at::Tensor v = qkv_parts[2].view({B, T, Hkv, head_dim_});
     if (cache != nullptr) {
       cache->k(static_cast<int64_t>(li))
           .narrow(2, 0, T)
