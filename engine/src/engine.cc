@@ -189,6 +189,7 @@ class Engine::Loop {
   void AbortAll(const Status& why, bool include_pending);
   void TakeToken(Seq& s, const float* logp_row);
   std::vector<Chunk> Admit();
+  static at::Tensor PromptCopies(const std::vector<Chunk>& chunks);
   void SharePrefill(const std::vector<Chunk>& chunks);
   void PackedStep(const std::vector<Chunk>& chunks);
   void Prefill(const std::vector<Chunk>& chunks);
@@ -732,16 +733,28 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
 }
 
 // Group sampling: copy each chunk's prompt keys/values to the slots of its other samples.
-void Engine::Loop::SharePrefill(const std::vector<Chunk>& chunks) {
-  std::vector<int64_t> src, dst;
-  int32_t len = 0;
+// Rows (source slot, destination slot, length): each new prompt's cache rows, from the slot
+// its forward wrote to the other samples' slots (int64 [C, 3], CPU).
+at::Tensor Engine::Loop::PromptCopies(const std::vector<Chunk>& chunks) {
+  int64_t n = 0;
+  for (const Chunk& c : chunks) n += static_cast<int64_t>(c.slots.size()) - 1;
+  at::Tensor copies = at::empty({n, 3}, at::kLong);
+  int64_t* cp = copies.data_ptr<int64_t>();
   for (const Chunk& c : chunks)
     for (size_t j = 1; j < c.slots.size(); ++j) {
-      src.push_back(c.slots[0]);
-      dst.push_back(c.slots[j]);
-      len = std::max(len, c.len);
+      *cp++ = c.slots[0];
+      *cp++ = c.slots[j];
+      *cp++ = c.len;
     }
-  if (!src.empty()) cache.CopySlots(at::tensor(src).to(device), at::tensor(dst).to(device), len);
+  return copies;
+}
+
+void Engine::Loop::SharePrefill(const std::vector<Chunk>& chunks) {
+  at::Tensor copies = PromptCopies(chunks);
+  if (copies.size(0) == 0) return;
+  const int64_t len = copies.select(1, 2).max().item<int64_t>();
+  cache.CopySlots(copies.select(1, 0).contiguous().to(device),
+                  copies.select(1, 1).contiguous().to(device), len);
 }
 
 // CPU: one packed forward for every running sequence's next token and every new prompt.
@@ -758,17 +771,8 @@ void Engine::Loop::PackedStep(const std::vector<Chunk>& chunks) {
   at::Tensor pos = at::empty({n}, at::kLong), rows = at::empty({m}, at::kLong);
   at::Tensor row_temps = at::empty({m, 1}, at::kFloat);
   // The other samples of each new prompt get its cache rows inside the step, layer by layer
-  // while they are in cache (PackedAttention's copies), not by a copy of every layer after it.
-  int64_t n_copies = 0;
-  for (const Chunk& c : chunks) n_copies += static_cast<int64_t>(c.slots.size()) - 1;
-  at::Tensor copies = at::empty({n_copies, 3}, at::kLong);
-  int64_t* cp = copies.data_ptr<int64_t>();
-  for (const Chunk& c : chunks)
-    for (size_t j = 1; j < c.slots.size(); ++j) {
-      *cp++ = c.slots[0];
-      *cp++ = c.slots[j];
-      *cp++ = c.len;
-    }
+  // while they are in cache (PackedAttention's copies), not by SharePrefill after it.
+  at::Tensor copies = PromptCopies(chunks);
   int64_t *tp = toks.data_ptr<int64_t>(), *sp = slot_ids.data_ptr<int64_t>();
   int64_t *pp = pos.data_ptr<int64_t>(), *rp = rows.data_ptr<int64_t>();
   float* temp_p = row_temps.data_ptr<float>();
