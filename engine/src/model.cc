@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "cpu_kernels.h"
+#include "train_kernels.h"
 #include "troupe/core/check.h"
 #include "troupe/engine/memory.h"
 
@@ -494,8 +495,12 @@ torch::Tensor LlamaModel::Rope(const torch::Tensor& x, const torch::Tensor& cos,
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
 }
 
-torch::Tensor LlamaModel::Mlp(const Layer& layer, const torch::Tensor& x) const {
+torch::Tensor LlamaModel::Mlp(const Layer& layer, const torch::Tensor& x, bool fused) const {
   at::Tensor gu = WithLora(layer, kGateUp, x, at::linear(x, layer.gate_up_w));
+  if (fused) {
+    const at::Tensor act = cpu::SiluMulTrain(gu);
+    return WithLora(layer, kDown, act, at::linear(act, layer.down_w));
+  }
   const int64_t f = config_.ffn_dim;
   const std::vector<at::Tensor> gate_up = gu.split(f, -1);  // split: see Rope
   at::Tensor act = at::silu(gate_up[0]) * gate_up[1];
@@ -584,6 +589,75 @@ torch::Tensor LlamaModel::ForwardHidden(const torch::Tensor& ids_in) {
   at::Tensor x = at::embedding(embed_, ids);
   x = RunLayers(x, nullptr, at::Tensor());
   return RmsNorm(x, final_norm_);
+}
+
+bool LlamaModel::FusedTrainingPath() const {
+  return device().is_cpu() && config_.dtype == DType::kFloat32 && !config_.QkNorm();
+}
+
+torch::Tensor LlamaModel::ForwardHiddenRows(const torch::Tensor& ids_in,
+                                            const torch::Tensor& lengths_in,
+                                            const torch::Tensor& rows_in) {
+  TORCH_CHECK(ids_in.dim() == 2, "ForwardHiddenRows expects ids [B, T], got ", ids_in.sizes());
+  const int64_t B = ids_in.size(0), T = ids_in.size(1), d = config_.d_model;
+  TORCH_CHECK(T >= 1 && T <= config_.max_seq_len, "sequence length ", T,
+              " outside [1, max_seq_len=", config_.max_seq_len, "]");
+  TORCH_CHECK(rows_in.dim() == 1, "ForwardHiddenRows expects rows [M], got ", rows_in.sizes());
+  if (!FusedTrainingPath()) {  // on the device, no host-side checks (index_select checks)
+    const at::Tensor hidden = ForwardHidden(ids_in);
+    return hidden.reshape({B * T, d}).index_select(0, rows_in.to(hidden.device(), at::kLong));
+  }
+  const at::Tensor rows = rows_in.to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> len(static_cast<size_t>(B), T);
+  if (lengths_in.defined()) {
+    TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == B,
+                "ForwardHiddenRows expects lengths [", B, "], got ", lengths_in.sizes());
+    const at::Tensor l = lengths_in.to(at::kCPU, at::kLong).contiguous();
+    for (int64_t b = 0; b < B; ++b) {
+      len[static_cast<size_t>(b)] = l.data_ptr<int64_t>()[b];
+      TORCH_CHECK(len[static_cast<size_t>(b)] >= 1 && len[static_cast<size_t>(b)] <= T,
+                  "ForwardHiddenRows: length ", len[static_cast<size_t>(b)], " of row ", b,
+                  " outside [1, ", T, "]");
+    }
+  }
+  const int64_t M = rows.numel();
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t b = rp[m] / T, t = rp[m] % T;
+    TORCH_CHECK(rp[m] >= 0 && b < B && t < len[static_cast<size_t>(b)], "ForwardHiddenRows: row ",
+                m, " asks for position ", rp[m], ", not a token of ids [", B, ", ", T,
+                "] within its row's length");
+  }
+  // Pack: the tokens of row b are rows offsets[b] .. offsets[b+1]-1, at positions 0...
+  at::Tensor offsets = at::empty({B + 1}, at::kLong);
+  int64_t* op = offsets.data_ptr<int64_t>();
+  op[0] = 0;
+  for (int64_t b = 0; b < B; ++b) op[b + 1] = op[b] + len[static_cast<size_t>(b)];
+  const int64_t N = op[B];
+  at::Tensor keep = at::empty({N}, at::kLong), pick = at::empty({M}, at::kLong);
+  int64_t* kp = keep.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < len[static_cast<size_t>(b)]; ++t) kp[op[b] + t] = b * T + t;
+  for (int64_t m = 0; m < M; ++m) pick.data_ptr<int64_t>()[m] = op[rp[m] / T] + rp[m] % T;
+  const at::Tensor ids = ids_in.to(at::kLong).reshape({B * T}).index_select(0, keep);
+  at::Tensor x = at::embedding(embed_, ids);
+  const double eps = config_.rms_norm_eps;
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& layer = layers_[li];
+    const at::Tensor h = cpu::RmsNormTrain(x, layer.input_norm, eps);
+    const at::Tensor qkv = WithLora(layer, kQkv, h, at::linear(h, layer.qkv_w, layer.qkv_b));
+    at::Tensor attn = cpu::PackedCausalAttentionTrain(
+        qkv, offsets, rope_cos_, rope_sin_, config_.n_heads, config_.n_kv_heads, head_dim_);
+    if (li + 1 == layers_.size()) {
+      // Past the last attention nothing mixes positions: the rest runs at `rows` only.
+      attn = attn.index_select(0, pick);
+      x = x.index_select(0, pick);
+    }
+    x = x + WithLora(layer, kO, attn, at::linear(attn, layer.o_w));
+    x = x + Mlp(layer, cpu::RmsNormTrain(x, layer.post_norm, eps), /*fused=*/true);
+  }
+  if (layers_.empty()) x = x.index_select(0, pick);
+  return cpu::RmsNormTrain(x, final_norm_, eps);
 }
 
 torch::Tensor LlamaModel::HeadLogits(const torch::Tensor& hidden) const {

@@ -54,6 +54,125 @@ TEST(ModelTest, ForwardShapesAndGradients) {
   }
 }
 
+// ForwardHiddenRows (the learner's path: padding dropped, fused RMSNorm / RoPE + attention /
+// SiLU * up kernels, the last layer's tail at the asked rows only) against ForwardHidden of the
+// padded batch: the same hidden states and the same gradient of every parameter. The weights
+// are random with a large std, and LoRA adapters are non-zero, so that a wrong term shows.
+void ExpectRowsPathMatches(ModelConfig c, const char* what) {
+  SCOPED_TRACE(what);
+  auto model = std::make_shared<LlamaModel>(c, TestSeed(), torch::kCPU);
+  {
+    torch::NoGradGuard g;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(TestSeed() + 7);
+    for (auto& p : model->parameters()) {
+      if (p.dim() == 1) {
+        p.copy_(1.0 + 0.3 * at::randn(p.sizes(), gen, at::kFloat).to(p.scalar_type()));
+      } else {
+        p.copy_(0.3 * at::randn(p.sizes(), gen, at::kFloat).to(p.scalar_type()));
+      }
+    }
+  }
+  const int64_t B = 5, T = 13;
+  at::Tensor ids = RandomIds(B, T, c.vocab_size, TestSeed() + 3);
+  const std::vector<int64_t> len = {13, 4, 9, 1, 12};
+  at::Tensor lengths = at::tensor(len, at::kLong);
+  // Padding holds other tokens than in the reference's batch: the rows path must not read it.
+  at::Tensor ids_garbage = ids.clone();
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = len[b]; t < T; ++t) ids_garbage[b][t] = (t * 5 + b) % c.vocab_size;
+    for (int64_t t = 0; t < len[b]; ++t)
+      if ((t + b) % 3 != 0 || t + 1 == len[b]) rows.push_back(b * T + t);  // a subset
+  }
+  std::swap(rows[0], rows[rows.size() - 1]);  // any order
+  at::Tensor rows_t = at::tensor(rows, at::kLong);
+  at::Tensor weight =
+      at::randn({static_cast<int64_t>(rows.size()), c.d_model},
+                at::make_generator<at::CPUGeneratorImpl>(TestSeed() + 5), at::kFloat);
+
+  auto grads_of = [&](const at::Tensor& hidden) {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    (hidden.to(at::kFloat) * weight).sum().backward();
+    std::vector<at::Tensor> g;
+    for (auto& p : model->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : p.grad());
+    return g;
+  };
+  at::Tensor ref = model->ForwardHidden(ids).reshape({B * T, c.d_model}).index_select(0, rows_t);
+  const std::vector<at::Tensor> ref_grads = grads_of(ref);
+  at::Tensor got = model->ForwardHiddenRows(ids_garbage, lengths, rows_t);
+  ASSERT_EQ(got.sizes(), ref.sizes());
+  const double tol = c.dtype == DType::kFloat32 ? 2e-5 : 2e-2;
+  EXPECT_TRUE(at::allclose(got.to(at::kFloat), ref.to(at::kFloat), tol, tol))
+      << "max diff " << (got.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<float>();
+  const std::vector<at::Tensor> got_grads = grads_of(got);
+  const auto params = model->named_parameters();
+  ASSERT_EQ(got_grads.size(), ref_grads.size());
+  int64_t checked = 0;
+  for (size_t i = 0; i < got_grads.size(); ++i) {
+    const std::string& name = params[i].key();
+    ASSERT_EQ(got_grads[i].defined(), ref_grads[i].defined()) << name;
+    if (!ref_grads[i].defined()) continue;
+    const at::Tensor a = got_grads[i].to(at::kFloat), b = ref_grads[i].to(at::kFloat);
+    const double scale = std::max(1.0, b.abs().max().item<double>());
+    EXPECT_LE((a - b).abs().max().item<double>(), 10 * tol * scale) << name;
+    EXPECT_GT(b.abs().sum().item<double>(), 0.0) << name << ": a gradient the test cannot check";
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(ModelTest, ForwardHiddenRowsMatchesForwardHiddenInValuesAndGradients) {
+  ModelConfig c = TinyConfig();  // GQA (4 query heads on 2 KV heads), untied head
+  ExpectRowsPathMatches(c, "gqa, untied");
+  c.n_kv_heads = 4;
+  c.tie_word_embeddings = true;
+  c.attention_bias = true;
+  ExpectRowsPathMatches(c, "mha, tied, q/k/v biases");
+  c = TinyConfig();
+  c.n_layers = 1;
+  ExpectRowsPathMatches(c, "one layer");
+  c = TinyConfig();
+  c.lora.rank = 4;
+  c.lora.alpha = 8;
+  c.lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj"};
+  ExpectRowsPathMatches(c, "lora on every module (base frozen)");
+  // The module path stands in where the kernels do not apply: the same contract.
+  c = TinyConfig();
+  c.architecture = "qwen3";
+  ExpectRowsPathMatches(c, "qwen3 q/k norms (module path)");
+  c = TinyConfig();
+  c.dtype = DType::kBFloat16;
+  ExpectRowsPathMatches(c, "bfloat16 (module path)");
+}
+
+TEST(ModelTest, ForwardHiddenRowsNamesBadArguments) {
+  auto model = std::make_shared<LlamaModel>(TinyConfig(), TestSeed());
+  at::Tensor ids = RandomIds(2, 6, 23, TestSeed());
+  auto message = [&](const at::Tensor& lengths, const at::Tensor& rows) -> std::string {
+    try {
+      model->ForwardHiddenRows(ids, lengths, rows);
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  const at::Tensor ok_len = at::tensor(std::vector<int64_t>{6, 3}, at::kLong);
+  EXPECT_NE(message(ok_len, at::tensor(std::vector<int64_t>{0, 9}, at::kLong)).find("position 9"),
+            std::string::npos);  // row 1's position 3 is padding (length 3)
+  EXPECT_NE(message(ok_len, at::tensor(std::vector<int64_t>{12}, at::kLong)).find("position 12"),
+            std::string::npos);
+  EXPECT_NE(message(at::tensor(std::vector<int64_t>{6, 0}, at::kLong),
+                    at::tensor(std::vector<int64_t>{0}, at::kLong))
+                .find("length 0 of row 1"),
+            std::string::npos);
+  EXPECT_NE(message(at::tensor(std::vector<int64_t>{6}, at::kLong),
+                    at::tensor(std::vector<int64_t>{0}, at::kLong))
+                .find("lengths [2]"),
+            std::string::npos);
+  EXPECT_EQ(message(ok_len, at::tensor(std::vector<int64_t>{0, 8}, at::kLong)), "");
+}
+
 TEST(ModelTest, CausalAndPaddingIndependent) {
   // Right padding never changes the logits of earlier positions.
   auto model = std::make_shared<LlamaModel>(TinyConfig(), TestSeed());

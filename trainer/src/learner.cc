@@ -134,10 +134,8 @@ struct TargetScores {
 TargetScores ScoreTargets(engine::LlamaModel& model, const PackedMicroBatch& mb,
                           double temperature, bool entropy, bool entropy_grad, bool hits) {
   const int64_t n = mb.rows * mb.length;
-  const at::Tensor hidden = model.ForwardHidden(mb.ids);
   const at::Tensor idx = mb.valid.reshape({-1}).nonzero().squeeze(1);
-  const at::Tensor logits =
-      model.HeadLogits(hidden.reshape({n, hidden.size(-1)}).index_select(0, idx));
+  const at::Tensor logits = model.HeadLogits(model.ForwardHiddenRows(mb.ids, mb.lengths, idx));
   const at::Tensor logp = engine::ScaledLogSoftmax(logits, temperature);
   const at::Tensor targets = mb.targets.reshape({-1}).index_select(0, idx);
   auto scatter = [&](const at::Tensor& rows) {
@@ -161,7 +159,7 @@ TargetScores ScoreTargets(engine::LlamaModel& model, const PackedMicroBatch& mb,
 PackedMicroBatch ToDevice(PackedMicroBatch mb, const at::Device& device) {
   if (device.is_cpu()) return mb;
   for (at::Tensor* t : {&mb.ids, &mb.targets, &mb.mask, &mb.behaviour, &mb.advantages, &mb.weights,
-                        &mb.flat_index, &mb.valid, &mb.valid_flat_index}) {
+                        &mb.flat_index, &mb.valid, &mb.valid_flat_index, &mb.lengths}) {
     *t = t->to(device, /*non_blocking=*/true);
   }
   return mb;

@@ -48,6 +48,7 @@ PackedMicroBatch PackMicroBatch(const std::vector<SequenceView>& seqs,
   mb.advantages = at::zeros({b, t_max}, at::kFloat);
   mb.weights = at::zeros({b, t_max}, at::kFloat);
   mb.flat_index = at::full({b, t_max}, -1, at::kLong);
+  mb.lengths = at::empty({b}, at::kLong);
   int64_t* ids = mb.ids.data_ptr<int64_t>();
   int64_t* targets = mb.targets.data_ptr<int64_t>();
   float* mask = mb.mask.data_ptr<float>();
@@ -60,6 +61,7 @@ PackedMicroBatch PackMicroBatch(const std::vector<SequenceView>& seqs,
   for (int64_t i = 0; i < b; ++i) {
     const SequenceView& s = seqs[rows[i]];
     const int64_t row = i * t_max;
+    mb.lengths.data_ptr<int64_t>()[i] = s.input_len();
     // Inputs: prompt then all but the last response token.
     for (int64_t t = 0; t < s.prompt_len; ++t) ids[row + t] = s.prompt[t];
     for (int64_t j = 0; j + 1 < s.response_len; ++j) ids[row + s.prompt_len + j] = s.response[j];

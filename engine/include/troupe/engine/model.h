@@ -122,6 +122,17 @@ class LlamaModel : public torch::nn::Module {
   // positions only (a learner scoring response tokens) skip the vocab_size x d_model matmul
   // everywhere else -- with a 150k-token vocabulary, most of a small model's compute.
   torch::Tensor ForwardHidden(const torch::Tensor& ids);
+  // The final-normed hidden states at a few positions only: ids [B, T] as ForwardHidden,
+  // row b's true length lengths[b] (int64 [B], in [1, T]; undefined: all T), and `rows`
+  // (int64 [M]) positions b * T + t (t < lengths[b]) of ids.view(-1). Returns [M, d_model],
+  // differentiable, equal to ForwardHidden(ids).view({-1, d}).index_select(0, rows) up to
+  // float rounding. On the CPU in float32 (without q/k norms) it is the learner's fast path:
+  // padding is dropped (sequences packed into token rows), RMSNorm, RoPE + causal attention
+  // and SiLU * up run as fused autograd kernels (train_kernels.h), and the last layer's
+  // output projection and MLP run at `rows` only. Elsewhere it is ForwardHidden's path.
+  // Throws c10::Error naming the problem on bad lengths or rows.
+  torch::Tensor ForwardHiddenRows(const torch::Tensor& ids, const torch::Tensor& lengths,
+                                  const torch::Tensor& rows);
   // The output head (tied embedding or lm_head) on hidden rows [..., d_model]: float32
   // logits [..., vocab_size]. Forward(ids) == HeadLogits(ForwardHidden(ids)).
   torch::Tensor HeadLogits(const torch::Tensor& hidden) const;
@@ -224,7 +235,10 @@ class LlamaModel : public torch::nn::Module {
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos,
                      const torch::Tensor& sin) const;
-  torch::Tensor Mlp(const Layer& layer, const torch::Tensor& x) const;
+  // fused: the SiLU * up of train_kernels.h (float32 CPU rows [n, d] only).
+  torch::Tensor Mlp(const Layer& layer, const torch::Tensor& x, bool fused = false) const;
+  // Whether ForwardHiddenRows takes its fused path (see there).
+  bool FusedTrainingPath() const;
   torch::Tensor Head(const torch::Tensor& x) const;
   // Runs the layers over x [B, T, D] at positions 0..T-1; when cache/slots are given,
   // writes K/V of the T positions into those slots.

@@ -42,6 +42,7 @@ struct PackedMicroBatch {
   at::Tensor flat_index;  // int64 [rows, T] flat response-token index of the target, -1 elsewhere
   at::Tensor valid;       // bool [rows, T] flat_index >= 0
   at::Tensor valid_flat_index;  // int64 [n_valid] flat_index at valid positions (row-major)
+  at::Tensor lengths;     // int64 [rows] each row's input length (the rest of T is padding)
   int64_t rows = 0;
   int64_t length = 0;  // T
   int64_t trained_tokens = 0;
