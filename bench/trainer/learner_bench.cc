@@ -7,9 +7,13 @@
 //                Python reference counts them) and the share of the step spent
 //                in forward (+ loss), backward and the optimizer (clip + AdamW)
 //   raw_loop     the limit: the same model, the same pre-packed padded tensors,
-//                forward + TokenLogprobs + a policy-gradient loss + backward +
-//                clip + AdamW and nothing else. learner / raw_loop shows what
-//                validation, packing, the full decoupled loss and metrics cost.
+//                the learner's forward (ForwardHiddenRows + the head at the target
+//                positions) + log-probs + a policy-gradient loss + backward + clip +
+//                AdamW and nothing else. learner / raw_loop shows what validation,
+//                packing, the full decoupled loss and metrics cost.
+//   module_path  the same loop through the padded module path (Forward: plain
+//                torch ops under autograd, the head everywhere), what the learner
+//                ran before its fused kernels: raw_loop / module_path is their gain.
 //   python       the peer: bench/trainer/torch_train_peer.py, the same step in
 //                plain PyTorch (when python3-torch is installed), run between
 //                three rounds of the learner; ratio of the medians
@@ -153,8 +157,9 @@ class LearnerRunner {
 // on pre-packed tensors.
 class RawLoop {
  public:
-  explicit RawLoop(const std::vector<TrainBatch>& batches)
-      : model_(std::make_shared<engine::LlamaModel>(engine::ModelConfig(), 0)),
+  RawLoop(const std::vector<TrainBatch>& batches, bool rows_path)
+      : rows_path_(rows_path),
+        model_(std::make_shared<engine::LlamaModel>(engine::ModelConfig(), 0)),
         params_(model_->parameters()),
         opt_(params_, torch::optim::AdamWOptions(1e-3).weight_decay(0.0)) {
     for (const TrainBatch& b : batches) {
@@ -178,8 +183,18 @@ class RawLoop {
     const PackedMicroBatch& mb = packed_[static_cast<size_t>(i_++) % packed_.size()];
     const auto t0 = Clock::now();
     opt_.zero_grad();
-    at::Tensor logp = engine::TokenLogprobs(model_->Forward(mb.ids), mb.targets, 1.0);
-    at::Tensor loss = -(logp * mb.advantages * mb.weights).sum();
+    at::Tensor loss;
+    if (rows_path_) {
+      const at::Tensor idx = mb.valid.reshape({-1}).nonzero().squeeze(1);
+      const at::Tensor logits =
+          model_->HeadLogits(model_->ForwardHiddenRows(mb.ids, mb.lengths, idx));
+      auto at_rows = [&](const at::Tensor& t) { return t.reshape({-1}).index_select(0, idx); };
+      const at::Tensor logp = engine::TokenLogprobs(logits, at_rows(mb.targets), 1.0);
+      loss = -(logp * at_rows(mb.advantages) * at_rows(mb.weights)).sum();
+    } else {
+      const at::Tensor logp = engine::TokenLogprobs(model_->Forward(mb.ids), mb.targets, 1.0);
+      loss = -(logp * mb.advantages * mb.weights).sum();
+    }
     loss.backward();
     torch::nn::utils::clip_grad_norm_(params_, 1.0);
     opt_.step();
@@ -187,6 +202,7 @@ class RawLoop {
   }
 
  private:
+  bool rows_path_;
   std::shared_ptr<engine::LlamaModel> model_;
   std::vector<at::Tensor> params_;
   torch::optim::AdamW opt_;
@@ -250,14 +266,15 @@ int Main(int argc, char** argv) {
   // hits both alike; medians of per-step times resist load spikes. The Python
   // peer runs between rounds of the same measurement for the same reason.
   LearnerRunner learner(batches, o.tune_allocator);
-  RawLoop raw(batches);
-  std::vector<double> t_learner, t_raw, fwd, bwd, opt, other, py_rounds, l_rounds;
+  RawLoop raw(batches, /*rows_path=*/true), module(batches, /*rows_path=*/false);
+  std::vector<double> t_learner, t_raw, t_module, fwd, bwd, opt, other, py_rounds, l_rounds;
   const int warmup = 3, rounds = 3;
   const int per_round = std::max(1, o.steps / rounds);
   for (int i = 0; i < warmup; ++i) {
     double dt = 0;
     learner.Step(&dt);
     raw.Step();
+    module.Step();
   }
   for (int round = 0; round < rounds; ++round) {
     std::vector<double> t_round;
@@ -265,6 +282,7 @@ int Main(int argc, char** argv) {
       double dt = 0;
       StepMetrics m = learner.Step(&dt);
       const double dr = raw.Step();
+      t_module.push_back(module.Step());
       t_learner.push_back(dt);
       t_round.push_back(dt);
       t_raw.push_back(dr);
@@ -282,6 +300,7 @@ int Main(int argc, char** argv) {
   const double step_s = Median(t_learner);
   const double l1 = static_cast<double>(tokens_per_step) / step_s;
   const double raw_tok_s = static_cast<double>(tokens_per_step) / Median(t_raw);
+  const double module_tok_s = static_cast<double>(tokens_per_step) / Median(t_module);
   // Python against the learner rounds measured next to it.
   const double py = py_rounds.size() == static_cast<size_t>(rounds) ? Median(py_rounds) : -1;
   const double l_next_to_py = Median(l_rounds);
@@ -327,6 +346,8 @@ int Main(int argc, char** argv) {
       100 * Median(other));
   std::printf("raw libtorch loop:   %8.0f tok/s  -> learner %.2fx of the limit\n", raw_tok_s,
               l1 / raw_tok_s);
+  std::printf("module-path loop:    %8.0f tok/s  -> fused forward %.2fx of it\n", module_tok_s,
+              raw_tok_s / module_tok_s);
   std::printf("learner (2 threads): %8.0f tok/s  (%.2fx of 1 thread)\n", l2, l2 / l1);
   std::printf(
       "learner (2 update threads): %8.0f tok/s  (%.2fx of 1 thread, alternating; CPU-seconds "
@@ -345,6 +366,8 @@ int Main(int argc, char** argv) {
   j["other_share"] = Median(other);
   j["raw_loop_tok_s"] = raw_tok_s;
   j["learner_vs_raw"] = l1 / raw_tok_s;
+  j["module_path_tok_s"] = module_tok_s;
+  j["fused_vs_module_path"] = raw_tok_s / module_tok_s;
   j["learner_2threads_tok_s"] = l2;
   j["threads2_vs_1"] = l2 / l1;
   j["learner_2update_threads_tok_s"] = lt2;
