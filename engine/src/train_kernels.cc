@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "cpu_kernels.h"
+
 namespace troupe::engine::cpu {
 namespace {
 
@@ -38,32 +40,21 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
 
 // ------------------------------------------------------------------ RMSNorm
 
+// Forward: the decode step's kernel (cpu_kernels.h); the backward recomputes each row's
+// 1 / rms (one dot product) instead of keeping it.
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w,
                             double eps) {
     const at::Tensor x = x_in.contiguous();
-    const int64_t n = x.size(0), d = x.size(1);
-    at::Tensor y = at::empty({n, d}, x.options());
-    at::Tensor inv = at::empty({n}, x.options());
-    const float* xp = x.data_ptr<float>();
-    const float* wp = w.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    float* ip = inv.data_ptr<float>();
-    for (int64_t r = 0; r < n; ++r) {
-      const float* xr = xp + r * d;
-      const float ir = 1.0f / std::sqrt(Dot(xr, xr, d) / static_cast<float>(d) +
-                                        static_cast<float>(eps));
-      ip[r] = ir;
-      float* yr = yp + r * d;
-      for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * ir * wp[i];
-    }
-    ctx->save_for_backward({x, w, inv});
-    return y;
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["eps"] = eps;
+    return RmsNormRows(x, w, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &inv = saved[2];
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const float eps = static_cast<float>(ctx->saved_data["eps"].toDouble());
     const at::Tensor dy = grads[0].contiguous();
     const int64_t n = x.size(0), d = x.size(1);
     const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
@@ -71,14 +62,13 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     at::Tensor dw = want_w ? at::zeros({d}, x.options()) : at::Tensor();
     const float* xp = x.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
-    const float* ip = inv.data_ptr<float>();
     const float* gp = dy.data_ptr<float>();
     float* dxp = want_x ? dx.data_ptr<float>() : nullptr;
     float* dwp = want_w ? dw.data_ptr<float>() : nullptr;
     for (int64_t r = 0; r < n; ++r) {
       const float* xr = xp + r * d;
       const float* gr = gp + r * d;
-      const float ir = ip[r];
+      const float ir = 1.0f / std::sqrt(Dot(xr, xr, d) / static_cast<float>(d) + eps);
       if (dwp != nullptr)
         for (int64_t i = 0; i < d; ++i) dwp[i] += gr[i] * xr[i] * ir;
       if (dxp == nullptr) continue;
@@ -100,21 +90,12 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
 
 // ------------------------------------------------------------------ SiLU * up
 
+// Forward: the decode step's kernel (cpu_kernels.h).
 struct SiluMulFn : public torch::autograd::Function<SiluMulFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gu_in) {
     const at::Tensor gu = gu_in.contiguous();
-    const int64_t n = gu.size(0), f = gu.size(1) / 2;
-    at::Tensor out = at::empty({n, f}, gu.options());
-    const float* gp = gu.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    for (int64_t r = 0; r < n; ++r) {
-      const float* g = gp + r * 2 * f;
-      const float* u = g + f;
-      float* o = op + r * f;
-      for (int64_t i = 0; i < f; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }
     ctx->save_for_backward({gu});
-    return out;
+    return SiluMulRows(gu);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

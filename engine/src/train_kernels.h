@@ -4,7 +4,8 @@
 // autograd every element-wise op of RMSNorm, RoPE, attention and SiLU*up is a kernel launch,
 // an allocation and a graph node forward, and two or three more backward. These autograd
 // functions run each block as one loop forward and one loop backward, on float32 CPU tensors
-// (callers fall back to the module path otherwise). Matmuls stay in BLAS. Every function
+// (callers fall back to the module path otherwise); RMSNorm's and SiLU*up's forwards are the
+// decode step's kernels (cpu_kernels.h). Matmuls stay in BLAS. Every function
 // returns a tensor differentiable in its tensor inputs; kernels run on the calling thread
 // (the learner's update threads run their shares side by side) and are deterministic.
 #pragma once
