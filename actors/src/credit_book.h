@@ -130,6 +130,23 @@ class CreditBook {
     it->second -= n;
     granted_ -= n;
   }
+  // `peer` started `total` groups granted by learner process `granted_by` and cut them short
+  // (they outlived the lag window: stale before they could arrive), cumulative over its
+  // incarnation: the ones not counted before free their capacity now, like consumed groups.
+  // Its request stands. Returns the groups freed.
+  int64_t Abandoned(const std::string& peer, uint64_t granted_by, uint64_t total) {
+    if (granted_by != self_) return 0;  // another learner process's grants
+    uint64_t& seen = abandoned_seen_[peer];
+    if (total <= seen) return 0;
+    const uint64_t delta = total - seen;
+    seen = total;
+    auto it = outstanding_.find(peer);
+    if (it == outstanding_.end()) return 0;
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(delta), it->second);
+    it->second -= n;
+    granted_ -= n;
+    return n;
+  }
   // Gives back what `peer` was granted and never delivered, and forgets its
   // request. Returns the groups reclaimed.
   int64_t Reclaim(const std::string& peer) {
@@ -150,6 +167,7 @@ class CreditBook {
       int64_t want = pending_.count(peer) ? pending_[peer] : 0;
       n = Reclaim(peer);
       granted_to_.erase(peer);  // the new process has seen none of the old one's grants
+      abandoned_seen_.erase(peer);  // and counts its abandoned groups from 0
       pending_[peer] = want;    // the new incarnation's request stands
     }
     if (incarnation != 0) known = incarnation;
@@ -177,6 +195,7 @@ class CreditBook {
   std::map<std::string, int64_t> outstanding_;  // granted, not yet received, per actor
   std::map<std::string, int64_t> granted_to_;   // granted to each actor's process, ever
   std::map<std::string, uint64_t> incarnation_;
+  std::map<std::string, uint64_t> abandoned_seen_;  // Abandoned() totals already freed
 };
 
 }  // namespace troupe::actors

@@ -118,6 +118,7 @@ class LearnerRole {
   std::unique_ptr<broadcast::WeightSender> sender_;
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
+  int64_t abandoned_groups_ = 0;  // granted groups rollout actors cut short as stale (freed)
   std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
   // A sample of every update's accepted sequences -> head -> RUN/rollouts.jsonl (dashboard).
   RolloutSampler rollouts_{job_, ctx_.tokenizer.get(), DeriveSeed(job_.seed, "rollout-samples")};
@@ -526,6 +527,8 @@ void LearnerRole::HandleCredit(const std::string& peer, const transport::InMessa
     Log().info("credits: {} is draining; {} groups granted to it and not started returned", peer,
                c.getReturned());
   } else {
+    // Groups it cut short as stale free their capacity (before the request, which they grew).
+    abandoned_groups_ += credits_->Abandoned(peer, c.getAbandonedLearner(), c.getAbandoned());
     credits_->Request(peer, c.getRequested(), static_cast<int64_t>(c.getGrantsSeen()));
   }
   SendGrants();
@@ -968,6 +971,7 @@ void LearnerRole::Finish() {
       {"target_accuracy", job_.stop.target_accuracy},
       {"time_to_target_s", time_to_target_},
       {"skipped_updates", static_cast<double>(skipped_updates_)},
+      {"credits_abandoned_stale", static_cast<double>(abandoned_groups_)},
       {"steps", static_cast<double>(RlUpdates())},
       {"elapsed_s", elapsed},
       {"gen_tokens_per_s", elapsed > 0 ? received_response_tokens_ / elapsed : 0},
@@ -1066,6 +1070,7 @@ Status LearnerRole::Run() {
                     {"dropped_stale", static_cast<double>(c.dropped_stale_sequences)},
                     {"dropped_invalid", static_cast<double>(c.dropped_invalid_sequences)},
                     {"credits_granted", static_cast<double>(credits_->granted())},
+                    {"credits_abandoned_stale", static_cast<double>(abandoned_groups_)},
                     {"skipped_updates", static_cast<double>(skipped_updates_)},
                     {"ack_checkpoints", static_cast<double>(ack_checkpoints_)},
                     {"duplicates", static_cast<double>(c.duplicate_batches +

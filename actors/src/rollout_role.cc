@@ -98,6 +98,7 @@ struct FinishedGroup {
   int64_t tokens = 0;           // sampled (model) tokens
   int64_t env_tokens = 0;       // environment (tool) tokens, multi-turn only
   std::string failure;          // not empty: the group could not be generated (not sent)
+  bool stale = false;           // cut short by the engine: it outlived max_policy_lag
   uint64_t grant_learner = 0;   // learner process whose credit started it
   std::chrono::steady_clock::time_point release{};  // fault injection: not sent before this
 };
@@ -248,6 +249,9 @@ class RolloutRole {
   uint64_t grants_seen_ = 0;  // groups granted by the current learner process, received so far
   uint64_t learner_version_ = 0;
   uint64_t grant_learner_ = 0;  // incarnation of the learner process our credits_ come from
+  // Groups granted by grant_learner_ cut short as stale (Credit.abandoned, cumulative), and
+  // the count last sent.
+  uint64_t abandoned_ = 0, last_abandoned_sent_ = 0;
   uint64_t next_serial_ = 0;
   std::optional<envs::PromptStream> prompts_;  // this incarnation's own weighted task mix
   std::map<uint64_t, GroupInfo> in_flight_;
@@ -262,6 +266,7 @@ class RolloutRole {
   // learner's ledger never saw them, so this actor's count is their record.
   std::atomic<uint64_t> rejected_by_reward_{0};
   uint64_t rejected_groups_ = 0;
+  int64_t stale_groups_ = 0, stale_sequences_ = 0;  // cut short as stale (never generated)
   int64_t gen_tokens_ = 0;      // sampled tokens of finished groups
   int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups
   std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
@@ -348,6 +353,8 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     credits_ = 0;  // a new learner knows nothing of the old grants
     credit_version_ = 0;
     grants_seen_ = 0;
+    abandoned_ = 0;
+    last_abandoned_sent_ = 0;
     last_request_.reset();
     transport::SocketOptions so;
     so.identity = id_;
@@ -438,6 +445,10 @@ void RolloutRole::PollCredits() {
     auto c = in->message.envelope().getBody().getCredit();
     credits_ += c.getGranted();
     grants_seen_ += c.getGranted();
+    if (in->message.incarnation() != grant_learner_) {
+      abandoned_ = 0;  // counted per learner process
+      last_abandoned_sent_ = 0;
+    }
     grant_learner_ = in->message.incarnation();
     learner_version_ = c.getLearnerVersion();
     credit_version_ = std::max(credit_version_, learner_version_);
@@ -450,24 +461,28 @@ void RolloutRole::RequestCredits() {
   const int64_t want = RolloutCreditWant(
       job_.rollout_settings.max_groups_in_flight, job_.rollout_settings.credit_reserve, credits_,
       static_cast<int64_t>(in_flight_.size()), job_.batch.groups_per_message);
-  if (want <= 0) return;
+  const bool abandoned_news = abandoned_ != last_abandoned_sent_;
+  if (want <= 0 && !abandoned_news) return;
   // The want is re-sent as soon as it grows (groups finished since the last ask): the learner
   // grants between optimizer steps, and answering the whole current want then starts the
   // freed slots together (full decode batches) instead of a message's worth per round trip.
   // Grants still on their way are not asked twice: the learner subtracts what it granted
   // beyond grants_seen_. Unchanged, it is re-sent only after credit_timeout_ms (a lost ask).
   auto now = std::chrono::steady_clock::now();
-  if (last_request_ && want <= last_want_ &&
+  if (last_request_ && want <= last_want_ && !abandoned_news &&
       now - *last_request_ < std::chrono::milliseconds(job_.rollout_settings.credit_timeout_ms))
     return;
   transport::OutMessage m;
   auto c = m.envelope().getBody().initCredit();
-  c.setRequested(static_cast<uint32_t>(want));
+  c.setRequested(static_cast<uint32_t>(std::max<int64_t>(want, 0)));
   c.setOutstanding(static_cast<uint32_t>(credits_));
   c.setGrantsSeen(grants_seen_);
+  c.setAbandoned(abandoned_);
+  c.setAbandonedLearner(grant_learner_);
   if (credit_sock_->Send(m, Deadline::InMs(50)).ok()) {
     last_request_ = now;
     last_want_ = want;
+    last_abandoned_sent_ = abandoned_;
   }
 }
 
@@ -517,6 +532,10 @@ Status RolloutRole::SubmitGroups() {
     req.sampling.num_samples = static_cast<int32_t>(job_.batch.samples_per_prompt);
     req.sampling.seed = DeriveSeed(job_.seed, id_, incarnation_ * 1000003 + serial);
     req.tag = serial;
+    // A group still generating when the weights are more than max_policy_lag versions newer
+    // than its own could only be dropped by the learner's lag gate (invariant 3): the engine
+    // cuts it short, and its slots and its credit go to a fresh group.
+    req.abort_beyond_lag = static_cast<uint64_t>(job_.trainer.effective_max_policy_lag());
     in_flight_[serial] = std::move(g);
     --credits_;
     MarkFirstSubmit();
@@ -530,6 +549,7 @@ Status RolloutRole::SubmitGroups() {
             if (r.finish_reason == engine::FinishReason::kRejected ||
                 r.finish_reason == engine::FinishReason::kAborted) {
               f.failure = r.reject_reason.empty() ? "aborted" : r.reject_reason;
+              if (f.failure.rfind("stale:", 0) == 0) f.stale = true;
             }
             f.policy_version = std::min(f.policy_version, r.policy_version);
             f.tokens += r.num_new_tokens;
@@ -840,6 +860,18 @@ void RolloutRole::CollectFinished() {
     TROUPE_CHECK(it != in_flight_.end());
     const GroupInfo& meta = it->second;
     g.grant_learner = meta.grant_learner;
+    if (g.stale) {
+      // Not generated (never sent, never counted in `generated`): its credit goes back to the
+      // learner that granted it with the next request (Credit.abandoned).
+      ++stale_groups_;
+      stale_sequences_ += static_cast<int64_t>(g.seqs.size());
+      if (meta.grant_learner == grant_learner_) ++abandoned_;
+      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 5000,
+                          "group {} ({}) cut short: {} ({} such groups so far)", g.serial,
+                          meta.prompt.id, g.failure, stale_groups_);
+      in_flight_.erase(it);
+      continue;
+    }
     if (!g.failure.empty()) {
       TROUPE_LOG_EVERY_MS(Log(), spdlog::level::err, 2000, "group {} ({}) not generated: {}",
                           g.serial, meta.prompt.id, g.failure);
@@ -880,6 +912,13 @@ Status RolloutRole::SendReady(bool flush_all) {
     while (n < ready_.size() && ready_[n].release <= now) ++n;
     return n;
   };
+  // Oldest groups first, and together: a message's version is its oldest group's, so a group
+  // close to the lag limit sent with fresh ones would take them down with it at the lag gate.
+  // (Held groups, rollout.slow_actor, keep their release order.)
+  if (!slow_)
+    std::stable_sort(ready_.begin(), ready_.end(), [](const FinishedGroup& a, const FinishedGroup& b) {
+      return a.policy_version < b.policy_version;
+    });
   while (released() >= per || (flush_all && !ready_.empty())) {
     size_t take = std::min(per, ready_.size());
     std::vector<SequenceRecord> seqs;
@@ -950,7 +989,8 @@ void RolloutRole::UpdateStats() {
       {"groups_generating", static_cast<double>(in_flight_.size() - ready_.size())},
       {"outbox", static_cast<double>(st.queued + st.in_flight)},
       {"retransmits", static_cast<double>(st.retransmits)},
-      {"rejected_groups", static_cast<double>(rejected_groups_)}};
+      {"rejected_groups", static_cast<double>(rejected_groups_)},
+      {"cut_short_stale_groups", static_cast<double>(stale_groups_)}};
   for (const auto& [k, v] : EpisodeStats()) stats[k] = v;
   for (const auto& [k, v] : AgentStats()) stats[k] = v;
   AddDeliveryStats(nullptr, &st, &stats);
@@ -1062,7 +1102,9 @@ Status RolloutRole::Run() {
       {"resolved", static_cast<double>(res)},
       {"in_flight", static_cast<double>(gen - res)},
       {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
-      {"rejected_groups", static_cast<double>(rejected_groups_)}};
+      {"rejected_groups", static_cast<double>(rejected_groups_)},
+      {"cut_short_stale_groups", static_cast<double>(stale_groups_)},
+      {"cut_short_stale_sequences", static_cast<double>(stale_sequences_)}};
   for (const auto& [k, v] : EpisodeStats()) final_metrics[k] = v;
   for (const auto& [k, v] : AgentStats()) final_metrics[k] = v;
   rt_.SendMetrics("final", 0, engine_->version(), final_metrics);

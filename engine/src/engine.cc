@@ -124,6 +124,7 @@ struct Engine::Work {
   size_t offset = 0;  // index of sample 0 in batch->results
   int32_t admitted = 0;
   bool checked = false;
+  uint64_t first_version = 0;  // step_version at its first admission (valid once admitted > 0)
 };
 
 // One sample occupying a KV slot.
@@ -183,6 +184,9 @@ class Engine::Loop {
   // Whether `w` was cancelled, by its Generate() giving up (deadline) or by the caller of its
   // Submit() (GenerateRequest::cancel); the batch's abort status then says which (first wins).
   static bool IsCancelled(Work& w);
+  // Whether `w` (admitted) has a staleness cut-off that this step's weights passed; `why`
+  // then says so.
+  bool IsStale(const Work& w, std::string* why) const;
   void EndUnadmitted(Work& w, FinishReason reason, const std::string& why);
   void FreeSlot(Seq& s, FinishReason reason, std::string why);
   void ClearGhosts();
@@ -565,6 +569,17 @@ bool Engine::Loop::IsCancelled(Work& w) {
   return true;
 }
 
+bool Engine::Loop::IsStale(const Work& w, std::string* why) const {
+  if (!w.req.abort_beyond_lag || w.admitted == 0) return false;
+  const uint64_t lag = *w.req.abort_beyond_lag;
+  if (step_version <= w.first_version || step_version - w.first_version <= lag) return false;
+  *why = fmt::format(
+      "stale: the weights (version {}) are {} versions newer than the request's (version {}), "
+      "beyond its lag limit of {}",
+      step_version, step_version - w.first_version, w.first_version, lag);
+  return true;
+}
+
 // Marks one sample done; completes its batch when it was the last.
 void Engine::Loop::CompleteOne(Work& w) {
   Batch& b = *w.batch;
@@ -681,6 +696,13 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
       pending.pop_front();
       continue;
     }
+    std::string stale;
+    if (IsStale(*w, &stale)) {  // partly admitted when its version was current
+      delta.stale_aborted += static_cast<uint64_t>(n - w->admitted);
+      EndUnadmitted(*w, FinishReason::kAborted, stale);
+      pending.pop_front();
+      continue;
+    }
     if (!w->checked) {
       w->checked = true;
       std::string why = CheckRequest(w->req, config);
@@ -696,6 +718,7 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
                                 : static_cast<int64_t>(chunks.size() + 1) * std::max(max_len, len);
     if (!chunks.empty() && cost > config.max_prefill_tokens) break;
     Chunk chunk{w, {}, len};
+    if (w->admitted == 0) w->first_version = step_version;
     int32_t slot;
     while (w->admitted < n && (slot = find_free()) >= 0) {
       chunk.slots.push_back(slot);
@@ -896,6 +919,7 @@ void Engine::Loop::Publish(Engine& e) {
     e.stats_.prefill_tokens += delta.prefill_tokens;
     e.stats_.prefill_steps += delta.prefill_steps;
     e.stats_.decode_steps += delta.decode_steps;
+    e.stats_.stale_aborted += delta.stale_aborted;
     e.stats_.step_cpu_seconds += delta.step_cpu_seconds;
     e.stats_.step_wall_seconds += delta.step_wall_seconds;
     delta = EngineStats();
@@ -919,9 +943,16 @@ void Engine::Loop::Publish(Engine& e) {
 // Drops sequences whose Generate() gave up, admits new prompts, and runs one forward: packed on
 // the CPU fused path, else a padded prefill of the new prompts then one decode step.
 void Engine::Loop::Step() {
-  for (auto& slot : slots)
-    if (slot && !slot->ghost && IsCancelled(*slot->work))
+  std::string stale;
+  for (auto& slot : slots) {
+    if (!slot || slot->ghost) continue;
+    if (IsCancelled(*slot->work)) {
       FreeSlot(*slot, FinishReason::kAborted, "cancelled");
+    } else if (IsStale(*slot->work, &stale)) {
+      ++delta.stale_aborted;
+      FreeSlot(*slot, FinishReason::kAborted, stale);
+    }
+  }
   const auto wall0 = std::chrono::steady_clock::now();
   const double cpu0 = ThreadCpuSeconds();
   try {

@@ -112,6 +112,11 @@ std::vector<std::string> Progress::SummaryLines(const std::map<std::string, doub
         Get(l, "elapsed_s", 0), Rate(Get(l, "gen_tokens_per_s")),
         Rate(Get(l, "train_tokens_per_s"))));
   }
+  if (!l.empty() && Get(l, "credits_abandoned_stale", 0) > 0)
+    out.push_back(fmt::format(
+        "  groups cut short while generating, older than max_policy_lag allows: {} (never sent, "
+        "so not in the accounting; their credits went to fresh groups)",
+        static_cast<int64_t>(Get(l, "credits_abandoned_stale", 0))));
   if (!l.empty() && Get(l, "learner_restarts", 0) > 0)
     out.push_back(fmt::format(
         "  learner restarts {}: {:.1f} s from their last checkpoints to resuming (in the wall "

@@ -185,6 +185,43 @@ TEST(CreditBook, AWantReSentBeforeItsGrantArrivesIsNotGrantedTwice) {
   EXPECT_EQ(Total(book.Grant()), 12);
 }
 
+// A rollout actor cuts short the groups that outlived the lag window (the engine's
+// abort_beyond_lag) and reports them, cumulative, with its next request: their capacity is
+// freed once however often the total is repeated, only for this learner process's grants,
+// never beyond what the actor holds, and a new incarnation counts from 0 again.
+TEST(CreditBook, GroupsCutShortAsStaleFreeTheirCapacityOnce) {
+  CreditBook book(2, 16, 4, /*self=*/0x1e);
+  book.Request("rollout-0", 48, 0);
+  ASSERT_EQ(Total(book.Grant()), 48);
+  EXPECT_EQ(book.capacity(), 0);
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 3), 3);
+  EXPECT_EQ(book.outstanding("rollout-0"), 45);
+  EXPECT_EQ(book.capacity(), 3);
+  // The same total again (a repeated or re-sent request) frees nothing more.
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 3), 0);
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 2), 0);  // an older message, reordered
+  EXPECT_EQ(book.capacity(), 3);
+  // Its request stands: the freed groups are granted again (in whole messages).
+  book.Request("rollout-0", 4, 48);
+  EXPECT_EQ(Total(book.Grant()), 0);  // 3 free: less than a message
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 4), 1);
+  EXPECT_EQ(Total(book.Grant()), 4);
+  // Grants of another learner process are not this book's to free.
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x2f, 100), 0);
+  EXPECT_EQ(book.capacity(), 0);
+  // Never more than the actor holds: a total beyond it frees what is outstanding.
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 1000), 48);
+  EXPECT_EQ(book.outstanding("rollout-0"), 0);
+  EXPECT_EQ(book.capacity(), 48);
+  // A new incarnation of the actor counts its own groups from 0.
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
+  EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xb), 0);
+  book.Request("rollout-0", 8, 0);
+  ASSERT_EQ(Total(book.Grant()), 8);
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 2), 2);
+  EXPECT_EQ(book.outstanding("rollout-0"), 6);
+}
+
 TEST(CreditBook, UndoneGrantsAreNotOutstanding) {
   CreditBook book(0, 8, 4);
   book.Request("rollout-0", 8, 0);

@@ -259,6 +259,36 @@ TEST(EndToEnd, SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted) {
   EXPECT_LT(stale, 0.25 * gen) << a.dump();
 }
 
+// Long-tailed responses (configs/longtail_reverse.yaml: words of 3-64 letters) at
+// max_policy_lag 1: a long word's group is still generating when the weights are 2 versions
+// newer than its own, so the lag gate could only drop it. The engine cuts it short (never
+// sent, so outside the accounting), the rollout actor reports it with its next credit request,
+// the learner grants its capacity again, and the job runs all its updates (a credit kept by a
+// group that never arrives would shrink the window for good).
+TEST(EndToEnd, GroupsOutlivingTheLagAreCutShortAndTheirCreditsGrantedAgain) {
+  e2e::Job job("longtail_reverse.yaml",
+               Short(300, {"trainer.max_policy_lag=1", "warm_start.steps=100", "eval.every_steps=0",
+                           "checkpoint.every_steps=50"}),
+               e2e::TestDir("cut_short"));
+  auto e = job.Wait(600000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  double cut = 0;
+  for (auto& f : job.Finals("rollout")) cut += f.value("cut_short_stale_groups", 0.0);
+  auto sum = job.Metrics("summary");
+  ASSERT_EQ(sum.size(), 1u);
+  const double freed = sum[0].value("credits_abandoned_stale", -1.0);
+  EXPECT_GT(cut, 0) << "no group outlived lag 1 on long-tailed responses";
+  // The learner freed what the actors reported (the last cut before they exited may not have
+  // been reported), and never more.
+  EXPECT_GT(freed, 0);
+  EXPECT_LE(freed, cut);
+  EXPECT_EQ(sum[0].value("steps", 0.0), 300.0) << sum[0].dump();
+  for (auto& t : job.Metrics("train")) EXPECT_LE(t.value("lag_max", 99.0), 1.0) << t.dump();
+  EXPECT_NE(job.Output().find("groups cut short while generating"), std::string::npos)
+      << job.Output();
+}
+
 // warm_start.init_from: a second job starts from the first one's final
 // checkpoint (named by its run folder), not from its seeded init; its
 // start-of-RL evaluation scores exactly what the first job's final one did

@@ -608,6 +608,69 @@ TEST(GenerationTest, OnTokenStreamsEveryTokenAndCancelFreesTheSlots) {
   for (const auto& g : *ok) EXPECT_NE(g.finish_reason, FinishReason::kAborted);
 }
 
+// GenerateRequest::abort_beyond_lag: once the weights are more than that many versions newer
+// than the request's own, its unfinished samples end aborted ("stale: ...") and free their
+// slots; a request without it, generating beside it through the same updates, runs to its end.
+// Each token of both waits 10 ms in on_token, so the updates land while they generate.
+TEST(GenerationTest, ARequestOutlivingItsLagLimitIsCutShort) {
+  auto engine = Engine::Create(SmallEngine(4));
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  LlamaModel m(TinyConfig(), 7);
+  const NamedTensors w = m.NamedWeights();
+  ASSERT_TRUE(e.UpdateWeights(1, w, Deadline::InMs(kWaitMs)).ok());
+  Latch started;
+  auto slow = [&started](int32_t, int32_t, float) {
+    started.Open();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  GenerateRequest limited;
+  limited.prompt = {1, 2, 3};
+  limited.sampling.max_new_tokens = 20;
+  limited.sampling.num_samples = 2;
+  limited.abort_beyond_lag = 1;
+  limited.on_token = slow;
+  GenerateRequest unlimited = limited;
+  unlimited.abort_beyond_lag.reset();
+  std::promise<std::vector<GenerationResult>> cut, whole;
+  ASSERT_TRUE(e.Submit(limited, [&](std::vector<GenerationResult> r) { cut.set_value(std::move(r)); }).ok());
+  ASSERT_TRUE(e.Submit(unlimited, [&](std::vector<GenerationResult> r) { whole.set_value(std::move(r)); }).ok());
+  ASSERT_TRUE(started.Wait());
+  // Version 2 is within the limit (1 newer), version 3 is not.
+  ASSERT_TRUE(e.UpdateWeights(2, w, Deadline::InMs(kWaitMs)).ok());
+  ASSERT_TRUE(e.UpdateWeights(3, w, Deadline::InMs(kWaitMs)).ok());
+  auto fc = cut.get_future(), fw = whole.get_future();
+  ASSERT_EQ(fc.wait_for(std::chrono::milliseconds(kWaitMs)), std::future_status::ready);
+  ASSERT_EQ(fw.wait_for(std::chrono::milliseconds(kWaitMs)), std::future_status::ready);
+  for (const auto& g : fc.get()) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kAborted);
+    EXPECT_EQ(g.policy_version, 1u);
+    EXPECT_EQ(g.reject_reason.rfind("stale: the weights (version 3) are 2 versions newer", 0), 0u)
+        << g.reject_reason;
+    EXPECT_GE(g.num_new_tokens, 1);
+    EXPECT_LT(g.num_new_tokens, 20);
+    // Every token it has was sampled within the limit.
+    for (uint64_t v : g.token_versions) EXPECT_LE(v, 2u);
+  }
+  for (const auto& g : fw.get()) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kLength) << g.reject_reason;
+    EXPECT_EQ(g.num_new_tokens, 20);
+    EXPECT_EQ(g.token_versions.back(), 3u);
+  }
+  EXPECT_EQ(e.stats().stale_aborted, 2u);
+  // The freed slots serve the next request, which starts at version 3.
+  GenerateRequest next = unlimited;
+  next.on_token = nullptr;
+  next.abort_beyond_lag = 0;
+  next.sampling.max_new_tokens = 4;
+  auto ok = e.Generate({next}, Deadline::InMs(kWaitMs));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  for (const auto& g : *ok) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kLength);
+    EXPECT_EQ(g.policy_version, 3u);
+  }
+}
+
 TEST(GenerationTest, DestructorAbortsPendingWorkAndRunsCallbacks) {
   std::atomic<int> called{0}, aborted{0};
   {

@@ -353,6 +353,41 @@ TEST(Learner, BatchTurningStaleInQueueIsDroppedNotTrained) {
   EXPECT_EQ(k.queued_batches, 0u);
 }
 
+// Batches arrive out of version order (a long group finishes after younger, shorter ones).
+// The learner trains the oldest first (earliest deadline): in arrival order the oldest would
+// wait behind the youngest until it was too old, and be dropped though it arrived in time.
+TEST(Learner, QueuedBatchesTrainOldestFirstSoNoneTurnsStaleWaiting) {
+  LearnerConfig c = TestConfig();
+  c.max_policy_lag = 2;
+  auto l = MakeLearner(c);
+  Demonstrations d;
+  d.Add(kPrompt, kRespA);
+  ASSERT_TRUE(l->SupervisedStep(d).ok());
+  ASSERT_TRUE(l->SupervisedStep(d).ok());
+  ASSERT_EQ(l->version(), 2u);
+  // Arrival order: youngest, oldest (at the lag limit), middle.
+  for (auto [id, v] : {std::pair<const char*, uint64_t>{"young", 2}, {"old", 0}, {"mid", 1}})
+    ASSERT_TRUE(l->Offer(OnPolicyBatch(l->policy(), id, v, 2,
+                                       {{kPrompt, kRespA, 1.0f}, {kPrompt, kRespB, 0.0f}}))
+                    .ok())
+        << id;
+  std::vector<std::string> order;
+  for (int i = 0; i < 3; ++i) {
+    auto m = l->Step();
+    ASSERT_TRUE(m.ok()) << "update " << i << ": " << m.status().ToString();
+    EXPECT_EQ(m->lag_histogram, (std::vector<int64_t>{0, 0, 1})) << "update " << i;
+    for (const FinishedBatch& f : l->TakeFinishedBatches()) {
+      EXPECT_EQ(f.fate, BatchFate::kTrained) << f.batch_id << ": " << f.reason;
+      order.push_back(f.batch_id);
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"old", "mid", "young"}));
+  LearnerCounters k = l->counters();
+  EXPECT_EQ(k.trained_batches, 3u);
+  EXPECT_EQ(k.dropped_stale_batches, 0u);
+  EXPECT_EQ(k.queued_batches, 0u);
+}
+
 TEST(Learner, ReuseCountsTowardLag) {
   LearnerConfig c = TestConfig();
   c.updates_per_batch = 2;  // max_policy_lag defaults to 1

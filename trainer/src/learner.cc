@@ -525,23 +525,35 @@ bool Learner::State::PrepareGroup() {
     if (!any || group->uses >= cfg.updates_per_batch) group.reset();
   }
   if (!group) {
-    std::vector<PendingBatch> taken;
-    while (taken.size() < need && !queue.empty()) {
-      PendingBatch p = std::move(queue.front());
-      queue.pop_front();
-      Status st = gate.Check(version, p.batch.policy_version);
-      if (!st.ok()) {
-        --counters.queued_batches;
-        ++counters.dropped_stale_batches;
-        counters.dropped_stale_sequences += static_cast<uint64_t>(p.batch.num_sequences());
-        finished.push_back(
-            {p.batch.batch_id, BatchFate::kStale, st.message(), p.batch.num_sequences()});
-        TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
-                            "dropped stale batch '{}' before training: {}", p.batch.batch_id,
-                            st.message());
+    // Every queued batch the lag gate now refuses is dropped (decided: its credits free at once),
+    // wherever it waits in the queue.
+    for (auto it = queue.begin(); it != queue.end();) {
+      Status st = gate.Check(version, it->batch.policy_version);
+      if (st.ok()) {
+        ++it;
         continue;
       }
-      taken.push_back(std::move(p));
+      --counters.queued_batches;
+      ++counters.dropped_stale_batches;
+      counters.dropped_stale_sequences += static_cast<uint64_t>(it->batch.num_sequences());
+      finished.push_back(
+          {it->batch.batch_id, BatchFate::kStale, st.message(), it->batch.num_sequences()});
+      TROUPE_LOG_EVERY_MS(Log(), spdlog::level::warn, 5000,
+                          "dropped stale batch '{}' before training: {}", it->batch.batch_id,
+                          st.message());
+      it = queue.erase(it);
+    }
+    // Oldest version first (earliest deadline), arrival order among equals: batches arrive out
+    // of version order (a long group finishes after shorter, younger ones), and in arrival
+    // order one that reached the learner in time could wait in the queue until it was too old
+    // to train on, while the younger ones it waited behind had updates to spare.
+    std::stable_sort(queue.begin(), queue.end(), [](const PendingBatch& a, const PendingBatch& b) {
+      return a.batch.policy_version < b.batch.policy_version;
+    });
+    std::vector<PendingBatch> taken;
+    while (taken.size() < need && !queue.empty()) {
+      taken.push_back(std::move(queue.front()));
+      queue.pop_front();
     }
     if (taken.size() < need) {
       for (auto it = taken.rbegin(); it != taken.rend(); ++it) queue.push_front(std::move(*it));

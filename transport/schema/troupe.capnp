@@ -412,5 +412,11 @@ struct Credit {
                                # process that it has received so far; the learner treats
                                # its later grants as in transit and subtracts them from
                                # `requested`, so a want re-sent early is never granted twice
+  abandoned @6 :UInt64;        # rollout -> learner: groups granted by learner process
+                               # `abandonedLearner` that this actor started and cut short
+                               # because they outlived max_policy_lag (the lag gate could only
+                               # drop them), cumulative: the learner frees the capacity of those
+                               # it has not freed yet, so a lost or repeated message is harmless
+  abandonedLearner @7 :UInt64; # the learner process (incarnation) those grants came from
 }
 

@@ -38,6 +38,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +85,13 @@ struct GenerateRequest {
   // Cancellation: once it reads true, the request's unfinished samples end with kAborted
   // ("cancelled") at the engine's next step and their slots are freed; `done` still runs.
   std::shared_ptr<const std::atomic<bool>> cancel;
+  // Staleness cut-off: when set, the request's unfinished samples end with kAborted
+  // (reject_reason "stale: ...") at the first step whose weights are more than this many
+  // versions newer than the request's policy_version (the version at its first admission);
+  // their slots are freed at once and `done` still runs. A rollout actor sets the job's
+  // max_policy_lag: the learner's weights are at least the engine's, so such a group could
+  // only be dropped by the lag gate, and every token sampled for it after that is wasted.
+  std::optional<uint64_t> abort_beyond_lag;
 };
 
 // One sampled sequence.
@@ -146,6 +154,7 @@ struct EngineStats {
   uint64_t prefill_steps = 0;     // batched prefills run
   uint64_t decode_steps = 0;      // decode steps run
   uint64_t weight_updates = 0;    // successful UpdateWeights
+  uint64_t stale_aborted = 0;     // samples cut short by GenerateRequest::abort_beyond_lag
   double step_wall_seconds = 0;   // wall time the engine thread spent in steps
   // CPU time the engine thread spent in steps (its own thread only: with intra_op_threads 1
   // this is the compute cost, unaffected by time the OS gave to other processes).
