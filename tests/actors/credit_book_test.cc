@@ -18,11 +18,19 @@ TEST(CreditBook, GrantsStayWithinTheLagWindowInWholeMessages) {
   book.Request("rollout-0", 100, 0);
   book.Request("rollout-1", 100, 0);
   auto g = book.Grant();
-  EXPECT_EQ(Total(g), 48);  // (2 + 1) updates x 16 groups
+  EXPECT_EQ(Total(g), 40);  // (2 + 1/2) updates x 16 groups
   for (const auto& [peer, k] : g) EXPECT_EQ(k % 4, 0) << peer;
   EXPECT_EQ(Total(book.Grant()), 0);
   book.Consumed(16);  // one update's worth decided
   EXPECT_EQ(Total(book.Grant()), 16);
+  // The window at other lags: one update at lag 0 (nothing can be in flight across an
+  // update), lag + 1/2 updates otherwise, the half rounded up to whole messages.
+  EXPECT_EQ(CreditBook(0, 16, 4).window(), 16);
+  EXPECT_EQ(CreditBook(1, 16, 4).window(), 24);
+  EXPECT_EQ(CreditBook(8, 16, 4).window(), 136);
+  EXPECT_EQ(CreditBook(1, 12, 4).window(), 20);  // half of 12 is 6: two messages
+  EXPECT_EQ(CreditBook(1, 4, 4).window(), 8);    // a message is the least margin
+  EXPECT_EQ(CreditBook(2, 16, 16).window(), 48);
 }
 
 // One rollout actor (16 groups generating at most, 16 in reserve) against the
@@ -43,7 +51,7 @@ TEST(CreditBook, ARolloutReserveKeepsTheEngineFullWithinTheWindow) {
       const int64_t got = Total(book.Grant());
       credits += got, seen += got;
       while (credits > 0 && in_flight < 16) --credits, ++in_flight;  // start groups
-      ASSERT_LE(credits + in_flight + finished, (lag + 1) * 16) << "lag " << lag;
+      ASSERT_LE(credits + in_flight + finished, book.window()) << "lag " << lag;
       ++steps;
       full_steps += in_flight == 16;
       --in_flight, ++finished;  // a group finishes
@@ -53,10 +61,14 @@ TEST(CreditBook, ARolloutReserveKeepsTheEngineFullWithinTheWindow) {
         finished = 0;
       }
     }
-    // With room for more than one update, the engine is full every step; at lag 0 it
-    // drains while the update's groups finish (the window holds one update).
-    if (lag >= 1) {
+    // With room for 2 updates or more, the engine is full every step; at lag 0 it drains
+    // while the update's groups finish (the window holds one update), and at lag 1 (1.5
+    // updates) for the last half of each update's groups.
+    if (lag >= 2) {
       EXPECT_EQ(full_steps, steps) << "lag " << lag;
+    }
+    if (lag == 1) {
+      EXPECT_GE(full_steps, steps / 2) << "lag " << lag;
     }
   }
 }
@@ -68,25 +80,26 @@ TEST(CreditBook, GrantsOfAnActorThatLeftAreReclaimed) {
   book.Request("rollout-0", 100, 0);
   book.Request("rollout-1", 100, 0);
   book.Request("rollout-2", 100, 0);
-  ASSERT_EQ(Total(book.Grant()), 48);
-  // rollout-0 delivers its 16; rollout-1 delivered 4 of its 16 before leaving;
+  ASSERT_EQ(Total(book.Grant()), 40);  // 16, 12, 12: a message each in turn
+  // rollout-0 delivers its 16; rollout-1 delivered 4 of its 12 before leaving;
   // rollout-2 delivered none.
+  EXPECT_EQ(book.outstanding("rollout-0"), 16);
   EXPECT_EQ(book.Received("rollout-0", 0, 0, 16), 16);
   EXPECT_EQ(book.Received("rollout-1", 0, 0, 4), 4);
   book.Consumed(20);
-  EXPECT_EQ(book.outstanding("rollout-1"), 12);
-  EXPECT_EQ(book.outstanding("rollout-2"), 16);
+  EXPECT_EQ(book.outstanding("rollout-1"), 8);
+  EXPECT_EQ(book.outstanding("rollout-2"), 12);
   book.Request("rollout-1", 0, 0);
   book.Request("rollout-2", 0, 0);
   auto g = book.Grant();
-  EXPECT_EQ(Total(g), 20);  // only what was consumed comes back: 28 groups are stuck
-  EXPECT_EQ(book.Reclaim("rollout-1"), 12);
-  EXPECT_EQ(book.Reclaim("rollout-2"), 16);
+  EXPECT_EQ(Total(g), 20);  // only what was consumed comes back: 20 groups are stuck
+  EXPECT_EQ(book.Reclaim("rollout-1"), 8);
+  EXPECT_EQ(book.Reclaim("rollout-2"), 12);
   EXPECT_EQ(book.Reclaim("rollout-2"), 0);  // idempotent
   g = book.Grant();
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].first, "rollout-0");
-  EXPECT_EQ(Total(g), 28);
+  EXPECT_EQ(Total(g), 20);
   EXPECT_EQ(book.capacity(), 0);
 }
 
@@ -98,25 +111,26 @@ TEST(CreditBook, ADrainingActorsReturnedGrantsGoToTheOthersAtOnce) {
   book.Request("rollout-0", 100, 0);
   book.Request("rollout-1", 100, 0);
   book.Request("rollout-2", 100, 0);
-  ASSERT_EQ(Total(book.Grant()), 48);  // 16 each
-  // rollout-1 started 4 of its 16 groups and drains: 12 come back now.
-  book.Return("rollout-1", 12);
+  ASSERT_EQ(Total(book.Grant()), 40);  // 16, 12, 12
+  // rollout-1 started 4 of its 12 groups and drains: 8 come back now.
+  EXPECT_EQ(book.outstanding("rollout-1"), 12);
+  book.Return("rollout-1", 8);
   EXPECT_EQ(book.outstanding("rollout-1"), 4);  // the 4 it started are still expected
   auto g = book.Grant();
-  EXPECT_EQ(Total(g), 12);
+  EXPECT_EQ(Total(g), 8);
   for (const auto& [peer, k] : g) EXPECT_NE(peer, "rollout-1") << "a draining actor got grants";
   // More than it holds (a grant crossed its return) never goes negative.
   const int64_t held = book.outstanding("rollout-2");
   book.Return("rollout-2", 100);
   EXPECT_EQ(book.outstanding("rollout-2"), 0);
-  EXPECT_EQ(book.granted(), 48 - held);
+  EXPECT_EQ(book.granted(), 40 - held);
   // Its started groups arrive and are consumed as usual.
   EXPECT_EQ(book.Received("rollout-1", 0, 0, 4), 4);
   EXPECT_EQ(book.outstanding("rollout-1"), 0);
 }
 
 TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest) {
-  CreditBook book(1, 8, 4);
+  CreditBook book(1, 8, 8);  // a window of 16: the margin is a whole message
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
   book.Request("rollout-0", 8, 0);
   ASSERT_EQ(Total(book.Grant()), 8);
@@ -144,11 +158,11 @@ TEST(CreditBook, ANewIncarnationReclaimsThePreviousOnesGrantsButKeepsItsRequest)
 TEST(CreditBook, GroupsAnotherLearnerProcessGrantedDoNotWidenTheWindow) {
   CreditBook book(2, 16, 4, /*self=*/0x1e);
   book.Request("rollout-0", 100, 0);
-  ASSERT_EQ(Total(book.Grant()), 48);
+  ASSERT_EQ(Total(book.Grant()), 40);
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
   // 60 groups granted by the previous learner process (0x1d) arrive.
   EXPECT_EQ(book.Received("rollout-0", 0xa, 0x1d, 60), 0);
-  EXPECT_EQ(book.outstanding("rollout-0"), 48);
+  EXPECT_EQ(book.outstanding("rollout-0"), 40);
   EXPECT_EQ(book.capacity(), 0);  // still the window, not beyond
   EXPECT_EQ(Total(book.Grant()), 0);
   // This book's own grants are covered as usual.
@@ -191,18 +205,18 @@ TEST(CreditBook, AWantReSentBeforeItsGrantArrivesIsNotGrantedTwice) {
 // never beyond what the actor holds, and a new incarnation counts from 0 again.
 TEST(CreditBook, GroupsCutShortAsStaleFreeTheirCapacityOnce) {
   CreditBook book(2, 16, 4, /*self=*/0x1e);
-  book.Request("rollout-0", 48, 0);
-  ASSERT_EQ(Total(book.Grant()), 48);
+  book.Request("rollout-0", 40, 0);
+  ASSERT_EQ(Total(book.Grant()), 40);
   EXPECT_EQ(book.capacity(), 0);
   EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 3), 3);
-  EXPECT_EQ(book.outstanding("rollout-0"), 45);
+  EXPECT_EQ(book.outstanding("rollout-0"), 37);
   EXPECT_EQ(book.capacity(), 3);
   // The same total again (a repeated or re-sent request) frees nothing more.
   EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 3), 0);
   EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 2), 0);  // an older message, reordered
   EXPECT_EQ(book.capacity(), 3);
   // Its request stands: the freed groups are granted again (in whole messages).
-  book.Request("rollout-0", 4, 48);
+  book.Request("rollout-0", 4, 40);
   EXPECT_EQ(Total(book.Grant()), 0);  // 3 free: less than a message
   EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 4), 1);
   EXPECT_EQ(Total(book.Grant()), 4);
@@ -210,9 +224,9 @@ TEST(CreditBook, GroupsCutShortAsStaleFreeTheirCapacityOnce) {
   EXPECT_EQ(book.Abandoned("rollout-0", 0x2f, 100), 0);
   EXPECT_EQ(book.capacity(), 0);
   // Never more than the actor holds: a total beyond it frees what is outstanding.
-  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 1000), 48);
+  EXPECT_EQ(book.Abandoned("rollout-0", 0x1e, 1000), 40);
   EXPECT_EQ(book.outstanding("rollout-0"), 0);
-  EXPECT_EQ(book.capacity(), 48);
+  EXPECT_EQ(book.capacity(), 40);
   // A new incarnation of the actor counts its own groups from 0.
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xa), 0);
   EXPECT_EQ(book.SeenIncarnation("rollout-0", 0xb), 0);
