@@ -1,8 +1,8 @@
 // The learner's credit book: how many rollout groups may be started now.
 //
 // Staleness control (DESIGN invariant 3, AReaL's admission rule with a margin):
-// the groups granted stay within (max_lag + 1/2) updates' worth (one update's
-// at lag 0) beyond the groups already consumed (trained, or dropped as
+// the groups granted stay within (max_lag + 1/2) updates' worth (max_lag + 1
+// at lags 0 and 1, see window()) beyond the groups already consumed (trained, or dropped as
 // stale/invalid). AReaL's (max_lag + 1) puts a group granted at the window's
 // last place at exactly max_lag when groups finish in the order they were
 // granted, so every group overtaken by younger ones (long responses among
@@ -191,9 +191,12 @@ class CreditBook {
     return it == outstanding_.end() ? 0 : it->second;
   }
   // Groups that may be granted beyond those consumed: max_lag + 1/2 updates' worth (the half
-  // rounded up to whole messages), one update's worth at lag 0.
+  // rounded up to whole messages) from lag 2 on, max_lag + 1 below. At lag 1 half an update
+  // less left too little beside one stalled actor: with 2 actors sharing 24 groups, the one
+  // holding its 16 (rollout.slow_actor) left the other 8, less than an update, and the job ran
+  // at the stalled actor's pace (EndToEnd.SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted).
   int64_t window() const {
-    if (lag_ <= 0) return per_update_;
+    if (lag_ <= 1) return (lag_ + 1) * per_update_;
     const int64_t half = (per_update_ / 2 + unit_ - 1) / unit_ * unit_;
     return lag_ * per_update_ + std::min(per_update_, std::max(unit_, half));
   }
