@@ -266,7 +266,7 @@ class RolloutRole {
   // learner's ledger never saw them, so this actor's count is their record.
   std::atomic<uint64_t> rejected_by_reward_{0};
   uint64_t rejected_groups_ = 0;
-  int64_t stale_groups_ = 0, stale_sequences_ = 0;  // cut short as stale (never generated)
+  int64_t stale_groups_ = 0;  // cut short as stale (never generated)
   int64_t gen_tokens_ = 0;      // sampled tokens of finished groups
   int64_t gen_env_tokens_ = 0;  // environment tokens (mask 0) of finished multi-turn groups
   std::optional<std::chrono::steady_clock::time_point> first_submit_;  // start of generation
@@ -549,7 +549,7 @@ Status RolloutRole::SubmitGroups() {
             if (r.finish_reason == engine::FinishReason::kRejected ||
                 r.finish_reason == engine::FinishReason::kAborted) {
               f.failure = r.reject_reason.empty() ? "aborted" : r.reject_reason;
-              if (f.failure.rfind("stale:", 0) == 0) f.stale = true;
+              if (engine::CutShortAsStale(r)) f.stale = true;
             }
             f.policy_version = std::min(f.policy_version, r.policy_version);
             f.tokens += r.num_new_tokens;
@@ -864,7 +864,6 @@ void RolloutRole::CollectFinished() {
       // Not generated (never sent, never counted in `generated`): its credit goes back to the
       // learner that granted it with the next request (Credit.abandoned).
       ++stale_groups_;
-      stale_sequences_ += static_cast<int64_t>(g.seqs.size());
       if (meta.grant_learner == grant_learner_) ++abandoned_;
       TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 5000,
                           "group {} ({}) cut short: {} ({} such groups so far)", g.serial,
@@ -1104,7 +1103,8 @@ Status RolloutRole::Run() {
       {"rejected_by_reward", static_cast<double>(rejected_by_reward_.load())},
       {"rejected_groups", static_cast<double>(rejected_groups_)},
       {"cut_short_stale_groups", static_cast<double>(stale_groups_)},
-      {"cut_short_stale_sequences", static_cast<double>(stale_sequences_)}};
+      {"cut_short_stale_sequences",  // single-turn groups only: samples_per_prompt each
+       static_cast<double>(stale_groups_ * job_.batch.samples_per_prompt)}};
   for (const auto& [k, v] : EpisodeStats()) final_metrics[k] = v;
   for (const auto& [k, v] : AgentStats()) final_metrics[k] = v;
   rt_.SendMetrics("final", 0, engine_->version(), final_metrics);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string_view>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -569,14 +570,23 @@ bool Engine::Loop::IsCancelled(Work& w) {
   return true;
 }
 
+namespace {
+constexpr std::string_view kStalePrefix = "stale: ";
+}  // namespace
+
+bool CutShortAsStale(const GenerationResult& r) {
+  return r.finish_reason == FinishReason::kAborted &&
+         std::string_view(r.reject_reason).substr(0, kStalePrefix.size()) == kStalePrefix;
+}
+
 bool Engine::Loop::IsStale(const Work& w, std::string* why) const {
   if (!w.req.abort_beyond_lag || w.admitted == 0) return false;
   const uint64_t lag = *w.req.abort_beyond_lag;
   if (step_version <= w.first_version || step_version - w.first_version <= lag) return false;
   *why = fmt::format(
-      "stale: the weights (version {}) are {} versions newer than the request's (version {}), "
+      "{}the weights (version {}) are {} versions newer than the request's (version {}), "
       "beyond its lag limit of {}",
-      step_version, step_version - w.first_version, w.first_version, lag);
+      kStalePrefix, step_version, step_version - w.first_version, w.first_version, lag);
   return true;
 }
 

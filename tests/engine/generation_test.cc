@@ -599,6 +599,7 @@ TEST(GenerationTest, OnTokenStreamsEveryTokenAndCancelFreesTheSlots) {
   for (const auto& g : fa.get()) {
     EXPECT_EQ(g.finish_reason, FinishReason::kAborted);
     EXPECT_EQ(g.reject_reason, "cancelled");
+    EXPECT_FALSE(CutShortAsStale(g));
     EXPECT_EQ(g.num_new_tokens, 1);
   }
   GenerateRequest next = r;
@@ -647,6 +648,7 @@ TEST(GenerationTest, ARequestOutlivingItsLagLimitIsCutShort) {
     EXPECT_EQ(g.policy_version, 1u);
     EXPECT_EQ(g.reject_reason.rfind("stale: the weights (version 3) are 2 versions newer", 0), 0u)
         << g.reject_reason;
+    EXPECT_TRUE(CutShortAsStale(g));
     EXPECT_GE(g.num_new_tokens, 1);
     EXPECT_LT(g.num_new_tokens, 20);
     // Every token it has was sampled within the limit.
@@ -654,6 +656,7 @@ TEST(GenerationTest, ARequestOutlivingItsLagLimitIsCutShort) {
   }
   for (const auto& g : fw.get()) {
     EXPECT_EQ(g.finish_reason, FinishReason::kLength) << g.reject_reason;
+    EXPECT_FALSE(CutShortAsStale(g));
     EXPECT_EQ(g.num_new_tokens, 20);
     EXPECT_EQ(g.token_versions.back(), 3u);
   }

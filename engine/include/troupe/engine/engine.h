@@ -117,6 +117,10 @@ struct GenerationResult {
   int32_t num_new_tokens = 0;
 };
 
+// Whether `r` was cut short by its request's abort_beyond_lag (finish reason kAborted, reason
+// starting "stale: "), not cancelled or failed.
+bool CutShortAsStale(const GenerationResult& r);
+
 // Builds the next turn of a multi-turn episode: same prompt, response_prefix = the previous
 // result's response + `env_tokens` (mask 0), carrying its log-probs and versions.
 GenerateRequest ContinueRequest(const GenerationResult& previous,
