@@ -8,7 +8,8 @@
 // granted, so every group overtaken by younger ones (long responses among
 // short ones) arrived too old: 12-19 % of the long-tail task's sequences at lag
 // 2. Half an update of margin took that to ~5 % and the job's updates/s up
-// ~8 % (docs/architecture.md, "Credits"). Counting consumed data
+// ~8 % (docs/architecture.md, "Credits"). With updates_per_batch k > 1 the
+// window is floor((max_lag + 1) / k) whole updates (window()). Counting consumed data
 // rather than versions keeps the pipeline moving when an update is skipped
 // (all groups uniform) or data is dropped. Grants come in whole messages
 // (groups_per_message groups), so no rollout actor is left holding a partial
@@ -59,8 +60,15 @@ inline int64_t RolloutCreditWant(int64_t max_in_flight, int64_t reserve, int64_t
 class CreditBook {
  public:
   // `self` is the learner process's incarnation: the grants it makes carry it.
-  CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit, uint64_t self = 0)
-      : lag_(max_lag), per_update_(groups_per_update), unit_(unit), self_(self) {}
+  // `updates_per_batch` is the trainer's (PPO epochs): each update's worth of groups then
+  // advances the version that many times, and the window shrinks to match (window()).
+  CreditBook(int64_t max_lag, int64_t groups_per_update, int64_t unit, uint64_t self = 0,
+             int64_t updates_per_batch = 1)
+      : lag_(max_lag),
+        per_update_(groups_per_update),
+        unit_(unit),
+        self_(self),
+        reuse_(std::max<int64_t>(1, updates_per_batch)) {}
 
   // `peer` asks for `groups` (its current want, not an increment), having received
   // `grants_seen` of the groups this book granted it (Credit.grantsSeen). Grants it has not
@@ -195,7 +203,19 @@ class CreditBook {
   // less left too little beside one stalled actor: with 2 actors sharing 24 groups, the one
   // holding its 16 (rollout.slow_actor) left the other 8, less than an update, and the job ran
   // at the stalled actor's pace (EndToEnd.SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted).
+  //
+  // With updates_per_batch k > 1 the versions advance k times for every update's worth
+  // consumed (a batch is consumed once retired), so that window held k times too many
+  // versions: at k = 3 and lag 2 the group granted last was first trained 4-5 versions old,
+  // and a third of all sequences were dropped stale. The window is then floor((max_lag + 1) /
+  // k) updates' worth, at least one (the learner needs a whole update to step): the learner
+  // takes whole updates' worth, so the group granted last is in the last of them and gets all
+  // its k uses within the lag (its last at exactly max_lag when groups finish in order; one
+  // that finishes late loses uses before it is dropped, so no margin). At the default lag
+  // (k - 1) that is one update's worth: generation and training take turns, as fresh data for
+  // every epoch requires.
   int64_t window() const {
+    if (reuse_ > 1) return per_update_ * std::max<int64_t>(1, (lag_ + 1) / reuse_);
     if (lag_ <= 1) return (lag_ + 1) * per_update_;
     const int64_t half = (per_update_ / 2 + unit_ - 1) / unit_ * unit_;
     return lag_ * per_update_ + std::min(per_update_, std::max(unit_, half));
@@ -206,6 +226,7 @@ class CreditBook {
  private:
   int64_t lag_, per_update_, unit_;
   uint64_t self_;
+  int64_t reuse_;  // updates_per_batch
   int64_t granted_ = 0, consumed_ = 0;
   std::map<std::string, int64_t> pending_;      // what each actor wants
   std::map<std::string, int64_t> outstanding_;  // granted, not yet received, per actor

@@ -260,7 +260,7 @@ Status LearnerRole::Setup() {
   credits_ =
       std::make_unique<CreditBook>(job_.trainer.effective_max_policy_lag(),
                                    job_.batch.prompts_per_update, job_.batch.groups_per_message,
-                                   net_.identity().incarnation);
+                                   net_.identity().incarnation, job_.trainer.updates_per_batch);
   ckpt_root_ = ctx_.run_dir + "/checkpoints";
   rt_.AddEndpoint("data", data_->endpoint());
   rt_.AddEndpoint("weights", sender_->endpoint());

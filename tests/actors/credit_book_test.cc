@@ -2,6 +2,8 @@
 // actor will never use (it left, or restarted) come back; nothing else does.
 #include <gtest/gtest.h>
 
+#include <deque>
+
 #include "credit_book.h"
 
 namespace troupe::actors {
@@ -67,6 +69,45 @@ TEST(CreditBook, ARolloutReserveKeepsTheEngineFullWithinTheWindow) {
     if (lag >= 1) {
       EXPECT_EQ(full_steps, steps) << "lag " << lag;
     }
+  }
+}
+
+// Batches trained updates_per_batch (k) times: the versions advance k times an update's worth
+// of groups, and a group is consumed only once retired. A learner fed at once (the rollout is
+// never the bottleneck) against the book: every update uses the oldest k-times-reused set,
+// groups are generated at the version of their grant. Within the window every group gets all
+// its k uses within the lag (its last use at most max_lag versions after its own); with the
+// window counted in updates, as without reuse, the group granted last would be first used
+// beyond it (at lag 2 and k 3: 4-5 versions old, a third of the job's sequences dropped), and
+// with part of an update more, that part would be trained an update later than the rest.
+TEST(CreditBook, WithReuseEveryGrantedGroupGetsAllItsUpdatesWithinTheLag) {
+  EXPECT_EQ(CreditBook(2, 16, 4, 0, 3).window(), 16);  // lag k - 1: one update, taking turns
+  EXPECT_EQ(CreditBook(1, 16, 4, 0, 2).window(), 16);
+  EXPECT_EQ(CreditBook(3, 16, 4, 0, 2).window(), 32);  // (3 + 1) / 2 updates
+  EXPECT_EQ(CreditBook(5, 16, 4, 0, 3).window(), 32);  // (5 + 1) / 3
+  EXPECT_EQ(CreditBook(8, 16, 4, 0, 2).window(), 64);  // 4.5 updates: whole ones
+  EXPECT_EQ(CreditBook(8, 16, 4, 0, 1).window(), 136);  // k = 1: unchanged
+  struct Case { int64_t lag, k; };
+  for (Case c : {Case{2, 3}, Case{1, 2}, Case{3, 2}, Case{5, 3}, Case{8, 3}, Case{8, 2}}) {
+    CreditBook book(c.lag, 16, 4, 0, c.k);
+    std::deque<uint64_t> queue;  // one entry per group: the version it was generated at
+    uint64_t version = 0;
+    int64_t updates = 0, worst_last_use = 0, seen = 0;
+    for (int round = 0; round < 200; ++round) {
+      book.Request("rollout-0", 1000, seen);
+      for (const auto& [peer, n] : book.Grant()) {
+        seen += n;
+        for (int64_t i = 0; i < n; ++i) queue.push_back(version);
+      }
+      ASSERT_GE(queue.size(), 16u) << "the window holds less than an update: lag " << c.lag;
+      std::vector<uint64_t> set(queue.begin(), queue.begin() + 16);
+      queue.erase(queue.begin(), queue.begin() + 16);
+      for (int64_t use = 0; use < c.k; ++use, ++version, ++updates)
+        for (uint64_t v : set) worst_last_use = std::max<int64_t>(worst_last_use, version - v);
+      ASSERT_EQ(book.Received("rollout-0", 0, 0, 16), 16);
+      book.Consumed(16);
+    }
+    EXPECT_LE(worst_last_use, c.lag) << "lag " << c.lag << ", k " << c.k;
   }
 }
 

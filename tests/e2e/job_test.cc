@@ -259,18 +259,16 @@ TEST(EndToEnd, SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted) {
   EXPECT_LT(stale, 0.25 * gen) << a.dump();
 }
 
-// Long-tailed responses (configs/longtail_reverse.yaml: words of 3-64 letters), each batch
-// trained 3 times (trainer.updates_per_batch 3, max_policy_lag 2): versions advance 3 times an
-// update's worth of groups, so a long word's group is often still generating when the weights
-// are 3 versions newer than its own, and the lag gate could only drop it (20-25 such groups
-// in 300 updates here). The engine cuts it short (never sent, so outside the accounting), the
-// rollout actor reports it with its next credit request, the learner grants its capacity
-// again, and the job runs all its updates (a credit kept by a group that never arrives would
-// shrink the window for good).
+// Long-tailed responses (configs/longtail_reverse.yaml: words of 3-64 letters) at lag 2: a long
+// word's group is sometimes still generating when the weights are 3 versions newer than its
+// own, and the lag gate could only drop it (61 such groups in 900 updates after the config's
+// 200-step warm start; after 100 steps, responses are shorter and only 3 were). The engine cuts it short (never sent, so outside the
+// accounting), the rollout actor reports it with its next credit request, the learner grants
+// its capacity again, and the job runs all its updates (a credit kept by a group that never
+// arrives would shrink the window for good).
 TEST(EndToEnd, GroupsOutlivingTheLagAreCutShortAndTheirCreditsGrantedAgain) {
   e2e::Job job("longtail_reverse.yaml",
-               Short(600, {"trainer.max_policy_lag=2", "trainer.updates_per_batch=3",
-                           "warm_start.steps=100", "eval.every_steps=0", "checkpoint.every_steps=50"}),
+               Short(600, {"trainer.max_policy_lag=2", "eval.every_steps=0", "checkpoint.every_steps=50"}),
                e2e::TestDir("cut_short"));
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
@@ -290,6 +288,23 @@ TEST(EndToEnd, GroupsOutlivingTheLagAreCutShortAndTheirCreditsGrantedAgain) {
   for (auto& t : job.Metrics("train")) EXPECT_LE(t.value("lag_max", 99.0), 2.0) << t.dump();
   EXPECT_NE(job.Output().find("groups cut short while generating"), std::string::npos)
       << job.Output();
+}
+
+// Each batch trained 3 times (trainer.updates_per_batch 3, and so max_policy_lag 2 by default:
+// fresh data for every epoch). The versions advance 3 times an update's worth of groups, so the
+// learner grants one update's worth at a time: generation and training take turns and no batch
+// is ever too old. With the window counted in updates as without reuse (2.5 of them), the
+// groups granted last were first trained 4-5 versions old: a third of the sequences generated
+// were dropped stale.
+TEST(EndToEnd, ReusedBatchesGetEveryEpochAndNoneTurnsStale) {
+  Job job(Short(150, {"trainer.updates_per_batch=3", "eval.every_steps=0"}), "reuse");
+  auto e = job.Wait(300000);
+  ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
+  ExpectAccountingHolds(job);
+  auto a = job.Metrics("job_summary")[0]["accounting"];
+  EXPECT_EQ(a.value("dropped_stale", -1.0), 0) << a.dump();
+  EXPECT_GT(a.value("trained", 0.0), 0) << a.dump();
+  for (auto& t : job.Metrics("train")) EXPECT_LE(t.value("lag_max", 99.0), 2.0) << t.dump();
 }
 
 // warm_start.init_from: a second job starts from the first one's final
