@@ -48,6 +48,14 @@ Status CheckOffsets(const std::vector<int64_t>& off, size_t total, const char* w
 
 Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<SequenceRecord>& seqs,
                          transport::OutMessage* msg) {
+  std::vector<const SequenceRecord*> ptrs;
+  ptrs.reserve(seqs.size());
+  for (const auto& s : seqs) ptrs.push_back(&s);
+  return BuildRolloutBatch(info, ptrs, msg);
+}
+
+Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<const SequenceRecord*>& seqs,
+                         transport::OutMessage* msg) {
   auto b = msg->envelope().getBody().initRolloutBatch();
   b.setBatchId(info.batch_id);
   b.setPolicyVersion(info.policy_version);
@@ -64,11 +72,22 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<Sequenc
   std::vector<float> logprobs;
   std::vector<uint8_t> mask;
   bool with_versions = true;
-  for (const auto& s : seqs) {
+  size_t prompt_total = 0, response_total = 0;
+  for (const SequenceRecord* s : seqs) {
+    prompt_total += s->prompt.size();
+    response_total += s->response.size();
+  }
+  prompt.reserve(prompt_total);
+  response.reserve(response_total);
+  logprobs.reserve(response_total);
+  mask.reserve(response_total);
+  poff.reserve(seqs.size() + 1);
+  roff.reserve(seqs.size() + 1);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceRecord& s = *seqs[i];
     if (s.logprobs.size() != s.response.size() || s.mask.size() != s.response.size()) {
-      return Internal("sequence {} of {}: {} response tokens, {} log-probs, {} mask entries",
-                      &s - seqs.data(), info.batch_id, s.response.size(), s.logprobs.size(),
-                      s.mask.size());
+      return Internal("sequence {} of {}: {} response tokens, {} log-probs, {} mask entries", i,
+                      info.batch_id, s.response.size(), s.logprobs.size(), s.mask.size());
     }
     with_versions &= s.token_versions.size() == s.response.size();
     prompt.insert(prompt.end(), s.prompt.begin(), s.prompt.end());
@@ -79,8 +98,9 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<Sequenc
     roff.push_back(static_cast<int64_t>(response.size()));
   }
   if (with_versions) {
-    for (const auto& s : seqs)
-      for (uint64_t v : s.token_versions) versions.push_back(static_cast<int64_t>(v));
+    versions.reserve(response_total);
+    for (const SequenceRecord* s : seqs)
+      for (uint64_t v : s->token_versions) versions.push_back(static_cast<int64_t>(v));
   }
   TROUPE_RETURN_IF_ERROR(PutColumn(msg, b.initPromptTokens(), std::move(prompt)));
   TROUPE_RETURN_IF_ERROR(PutColumn(msg, b.initPromptOffsets(), std::move(poff)));
@@ -93,7 +113,7 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<Sequenc
   }
   auto meta = b.initSequences(static_cast<unsigned>(seqs.size()));
   for (size_t i = 0; i < seqs.size(); ++i) {
-    const auto& s = seqs[i];
+    const SequenceRecord& s = *seqs[i];
     auto m = meta[static_cast<unsigned>(i)];
     m.setPromptId(s.prompt_id);
     m.setGroupIndex(s.group_index);

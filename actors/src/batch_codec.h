@@ -42,6 +42,9 @@ struct RolloutBatchInfo {
 };
 
 // Fills `msg` with a RolloutBatch; bulk columns become tensors sent without copies.
+Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<const SequenceRecord*>& seqs,
+                         transport::OutMessage* msg);
+// The same over records held in one vector.
 Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<SequenceRecord>& seqs,
                          transport::OutMessage* msg);
 

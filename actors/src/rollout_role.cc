@@ -920,7 +920,8 @@ Status RolloutRole::SendReady(bool flush_all) {
     });
   while (released() >= per || (flush_all && !ready_.empty())) {
     size_t take = std::min(per, ready_.size());
-    std::vector<SequenceRecord> seqs;
+    // Built from the groups in place (a failed send keeps them for a retry).
+    std::vector<const SequenceRecord*> seqs;
     RolloutBatchInfo info;
     info.producer = id_;
     info.producer_incarnation = incarnation_;
@@ -933,9 +934,9 @@ Status RolloutRole::SendReady(bool flush_all) {
       auto& g = ready_[gi];
       info.policy_version = std::min(info.policy_version, g.policy_version);
       if (g.grant_learner == grant_learner_) ++info.granted_groups;
-      for (const auto& r : g.seqs) {
-        seqs.push_back(r);  // copied: a failed send keeps the group for a retry
-        seqs.back().group_index = static_cast<uint32_t>(gi);
+      for (auto& r : g.seqs) {
+        r.group_index = static_cast<uint32_t>(gi);
+        seqs.push_back(&r);
       }
     }
     transport::OutMessage msg;

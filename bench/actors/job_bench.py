@@ -17,8 +17,9 @@
      warm start.
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
-     (bench/actors/standalone_rollout), --overhead-rounds rounds of the two back to
-     back in alternating order, each round's ratio and the medians (target: >= 0.9);
+     (bench/actors/standalone_rollout), --overhead-rounds rounds of the job bracketed by
+     the engine alone (a run before and one after it, pooled: the VM's speed drifts within
+     minutes), each round's ratio and the medians (target: >= 0.9);
      the wall-clock ratio is reported too (on 2 cores the learner takes its share).
      Then --overhead-side-rounds rounds of the two at the same time (side_by_side_*):
      the same machine conditions for both (back to back, the engine alone has an
@@ -230,23 +231,30 @@ def standalone(a, sets, seconds, weights, extra=()):
                     seconds + 120, actor_env())
 
 
-def overhead_round(a, sets, alone_first, weights):
-    """One job and one engine-alone run back to back (in the given order); their ratios.
-    The engine alone generates with the job's final weights (same response lengths): the
-    first round's job provides them; later rounds reuse that run folder."""
-    def job():
-        recs, _, runs = troupe_run(a.build, sets, a.timeout, with_runs=True)
-        fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
-        if not fin:
-            raise SystemExit("no rollout final report")
-        return fin[0], runs
-    alone = None
-    if alone_first:
-        alone = standalone(a, sets, a.overhead_alone_seconds, weights)
-    fin, runs = job()
-    if alone is None:
-        alone = standalone(a, sets, max(5.0, fin["gen_active_s"]), os.path.join(runs, "latest"))
-    return overhead_ratios(fin, alone), runs
+def pooled(runs):
+    """standalone_rollout JSON lines of several runs as one: counts summed, rates recomputed."""
+    out = {k: sum(r[k] for r in runs) for k in ("cpu_s", "seconds", "tokens", "engine_tokens",
+                                               "engine_step_cpu_s", "engine_decode_steps")}
+    out["tokens_per_s"] = out["tokens"] / max(out["seconds"], 1e-9)
+    out["tokens_per_cpu_s"] = out["tokens"] / max(out["cpu_s"], 1e-9)
+    return out
+
+
+def overhead_round(a, sets, weights):
+    """One job bracketed by the engine alone (before and after it, pooled), and their ratios:
+    this VM's speed drifts by 10-30 % within minutes, and a peer measured on both sides of the
+    job cancels a drift across it. The engine alone generates with the job's final weights
+    (same response lengths): the first round's job provides them (that round has no run
+    before its job); later rounds reuse that run folder."""
+    alone = [standalone(a, sets, a.overhead_alone_seconds, weights)] if weights else []
+    recs, _, runs = troupe_run(a.build, sets, a.timeout, with_runs=True)
+    fin = [r for r in recs if r.get("kind") == "final" and r.get("actor", "").startswith("rollout")]
+    if not fin:
+        raise SystemExit("no rollout final report")
+    fin = fin[0]
+    seconds = a.overhead_alone_seconds if weights else max(5.0, fin["gen_active_s"])
+    alone.append(standalone(a, sets, seconds, weights or os.path.join(runs, "latest")))
+    return overhead_ratios(fin, pooled(alone)), runs
 
 
 def overhead_ratios(fin, alone):
@@ -328,15 +336,15 @@ def side_by_side_round(a, sets, weights, period_ms):
 
 
 def bench_overhead(a):
-    """--overhead-rounds rounds of (job, engine alone), the order alternating (the engine
-    alone first in even rounds); each round's ratios, and their medians."""
+    """--overhead-rounds rounds of a job bracketed by the engine alone (overhead_round); each
+    round's ratios, and their medians."""
     sets = OVERHEAD_SETS + ["stop.target_accuracy=0", "stop.max_steps=%d" % a.overhead_steps,
             "eval.every_steps=0", "rollout.credit_reserve=%d" % a.credit_reserve] + a.overhead_set
     if a.overhead_rounds < 1:
         raise SystemExit("--overhead-rounds must be at least 1 (its job's weights feed the engine alone)")
     rounds, weights = [], None
     for i in range(a.overhead_rounds):
-        r, runs = overhead_round(a, sets, alone_first=(weights is not None and i % 2 == 1), weights=weights)
+        r, runs = overhead_round(a, sets, weights)
         weights = weights or os.path.join(runs, "latest")
         sys.stderr.write("overhead round %d: %s\n" % (i + 1, json.dumps({k: round(v, 3) for k, v in r.items()})))
         rounds.append(r)
@@ -421,15 +429,15 @@ def main():
                     help="overhead: the job's rollout.credit_reserve (default 0, the default job's)")
     ap.add_argument("--overhead-steps", type=int, default=300)
     ap.add_argument("--overhead-rounds", type=int, default=3,
-                    help="overhead: rounds of (job, engine alone), alternating order; medians")
+                    help="overhead: rounds of a job bracketed by the engine alone; medians")
     ap.add_argument("--overhead-side-rounds", type=int, default=3,
                     help="overhead: rounds of the job and the engine alone at the same time")
     ap.add_argument("--overhead-side-steps", type=int, default=1500,
                     help="overhead: the side-by-side job's updates (it must outlast the engine alone)")
     ap.add_argument("--overhead-side-seconds", type=float, default=20,
                     help="overhead: seconds of the engine alone beside the job")
-    ap.add_argument("--overhead-alone-seconds", type=float, default=20,
-                    help="overhead: seconds of the engine alone when it runs before the job")
+    ap.add_argument("--overhead-alone-seconds", type=float, default=10,
+                    help="overhead: seconds of each engine-alone run around a job")
     ap.add_argument("--overhead-set", action="append", default=[], metavar="KEY=VALUE",
                     help="overhead: another --set for the job and the engine alone (repeatable)")
     ap.add_argument("--duty-gaps", default="5,20,50", help="duty_cycle: idle ms between waves (besides 0)")

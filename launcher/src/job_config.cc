@@ -32,7 +32,8 @@ void Describe(Binder& b, BatchSpec& c) {
   b.Field("prompts_per_update", &c.prompts_per_update, "groups (prompts) per optimizer update");
   b.Field("samples_per_prompt", &c.samples_per_prompt, "samples per prompt (G, the group size)");
   b.Field("groups_per_message", &c.groups_per_message,
-          "groups per rollout message (divides prompts_per_update)");
+          "groups per rollout message and per credit grant (divides prompts_per_update); "
+          "larger: fewer messages and wake-ups per update, coarser credits and staleness");
 }
 void Describe(Binder& b, TokenizerSpec& c) {
   b.Field("kind", &c.kind,

@@ -29,8 +29,11 @@ namespace troupe::launcher {
 struct BatchSpec {
   uint32_t prompts_per_update = 16;  // groups (prompts) per optimizer update
   uint32_t samples_per_prompt = 8;   // G: samples per prompt (one group)
-  uint32_t groups_per_message =
-      4;  // groups per RolloutBatch message (must divide prompts_per_update)
+  // Groups per RolloutBatch message (must divide prompts_per_update); also the unit of credit
+  // grants. Larger: fewer messages, acks and wake-ups per update (each costs tens of us of CPU
+  // at both ends), and each grant fills an engine at once; smaller: finer-grained credits and
+  // staleness (a message carries its oldest group's version).
+  uint32_t groups_per_message = 4;
 };
 
 // Rollout actors' own settings (besides their process settings).
