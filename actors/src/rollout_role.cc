@@ -277,6 +277,14 @@ class RolloutRole {
   RateMeter token_rate_;
   std::atomic<uint64_t> outcomes_{0};
   std::atomic<int64_t> generating_{0};  // groups submitted to the engine and not finished
+  // Every group is one engine request (no multi-turn task, no agent server): a granted group
+  // is submitted at once with GenerateRequest::min_version, and the engine starts it when the
+  // grant's weights land, without a round trip through this loop.
+  bool direct_only_ = false;
+  // New weights wake the main loop only while something there waits for them (the first
+  // weights, or granted multi-turn or agent groups): set by the main loop before it sleeps.
+  std::atomic<bool> wake_on_weights_{true};
+  bool waiting_for_weights_ = false;  // SubmitGroups held granted groups for newer weights
   std::chrono::steady_clock::time_point last_stats_ = std::chrono::steady_clock::now();
 
   // Multi-turn episodes (started on the first multi-turn group).
@@ -310,6 +318,9 @@ Status RolloutRole::Setup() {
     Log().warn("fault injection: holding every group {} ms",
                job_.rollout_settings.slow_ms_per_group);
   incarnation_ = net_.identity().incarnation;
+  direct_only_ = !job_.agents.enabled();
+  for (const std::string& name : ctx_.tasks->names())
+    if (ctx_.tasks->Find(name)->multi_turn()) direct_only_ = false;
   TROUPE_ASSIGN_OR_RETURN(
       prompts_,
       envs::PromptStream::Create(ctx_.tasks, job_.tasks,
@@ -377,14 +388,16 @@ void RolloutRole::ConnectLearner(const std::string& data, const std::string& wei
     rc.adapters = AdapterLayoutOf(job_.model);  // the learner refuses us if it trains others
     auto* engine = engine_.get();
     auto* poller = poller_.get();
+    auto* wake = &wake_on_weights_;
     // The learner is the authority on versions: a learner restarted from an
     // older checkpoint sends a lower version, and it replaces ours. New weights
-    // wake the main loop: granted groups may be waiting for them.
+    // wake the main loop when it waits for them (wake_on_weights_); granted
+    // single-turn groups wait in the engine instead (min_version).
     auto r = broadcast::WeightReceiver::Create(
-        rc, net_, [engine, poller](const broadcast::ReceivedWeights& w) {
+        rc, net_, [engine, poller, wake](const broadcast::ReceivedWeights& w) {
           Status s = engine->UpdateWeights(w.version, w.named, Deadline::InMs(30000),
                                            /*allow_rollback=*/true);
-          poller->Wake();
+          if (wake->load(std::memory_order_relaxed)) poller->Wake();
           return s;
         });
     if (r.ok())
@@ -487,10 +500,15 @@ void RolloutRole::RequestCredits() {
 }
 
 Status RolloutRole::SubmitGroups() {
+  waiting_for_weights_ = false;
   if (!receiver_ || receiver_->stats().delivered == 0) return Status::Ok();  // no weights yet
-  // Granted groups start only with weights at least as new as the grant (the
-  // staleness rule counts from that version); new weights are milliseconds away.
-  if (engine_->version() < credit_version_) return Status::Ok();
+  // Granted groups start only with weights at least as new as the grant (the staleness rule
+  // counts from that version); new weights are milliseconds away. Engine requests wait for
+  // them in the engine (min_version below); episodes and agent groups wait here.
+  if (!direct_only_ && credits_ > 0 && engine_->version() < credit_version_) {
+    waiting_for_weights_ = true;
+    return Status::Ok();
+  }
   while (credits_ > 0 && in_flight_.size() < job_.rollout_settings.max_groups_in_flight) {
     uint64_t serial = next_serial_++;
     envs::TaskPrompt tp = prompts_->Next();
@@ -536,6 +554,7 @@ Status RolloutRole::SubmitGroups() {
     // than its own could only be dropped by the learner's lag gate (invariant 3): the engine
     // cuts it short, and its slots and its credit go to a fresh group.
     req.abort_beyond_lag = static_cast<uint64_t>(job_.trainer.effective_max_policy_lag());
+    req.min_version = credit_version_;
     in_flight_[serial] = std::move(g);
     --credits_;
     MarkFirstSubmit();
@@ -1071,6 +1090,7 @@ Status RolloutRole::Run() {
     // the loop; the tick is for the directory, stats, credit re-requests and exit. Sends
     // that found the outbox full and held groups (slow-actor fault injection) retry soon.
     const bool retry_soon = ready_.size() >= job_.batch.groups_per_message || slow_;
+    wake_on_weights_.store(!announced || waiting_for_weights_, std::memory_order_relaxed);
     WaitForWork(Deadline::InMs(retry_soon ? 2 : kLoopTickMs));
     CollectFinished();
     TROUPE_RETURN_IF_ERROR(SendReady(false));

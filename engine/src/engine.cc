@@ -126,7 +126,16 @@ struct Engine::Work {
   int32_t admitted = 0;
   bool checked = false;
   uint64_t first_version = 0;  // step_version at its first admission (valid once admitted > 0)
+  uint64_t submit_version = 0;  // the engine's version when it was queued (min_version rollback)
 };
+
+bool Engine::Startable(const Work& w, uint64_t version) {
+  return w.admitted > 0 || w.req.min_version <= version || version < w.submit_version;
+}
+
+bool Engine::CancelRequested(const Work& w) {
+  return w.batch->cancelled || (w.req.cancel && w.req.cancel->load(std::memory_order_relaxed));
+}
 
 // One sample occupying a KV slot.
 struct Engine::Seq {
@@ -354,8 +363,14 @@ EngineStats Engine::stats() const {
 Status Engine::Enqueue(std::vector<std::shared_ptr<Work>> works) {
   if (stop_) return Unavailable("engine is stopping");
   stats_.requests += works.size();
-  for (auto& w : works) queue_.push_back(std::move(w));
-  cv_.notify_all();
+  bool wake = false;
+  for (auto& w : works) {
+    w->submit_version = version_;
+    wake = wake || Startable(*w, version_);
+    queue_.push_back(std::move(w));
+  }
+  // Requests waiting for newer weights leave a sleeping engine asleep: the update wakes it.
+  if (wake) cv_.notify_all();
   return Status::Ok();
 }
 
@@ -698,19 +713,26 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
     while (next_free < config.num_slots && slots[static_cast<size_t>(next_free)]) ++next_free;
     return next_free < config.num_slots ? next_free : -1;
   };
-  while (!pending.empty() && find_free() >= 0) {
-    std::shared_ptr<Work> w = pending.front();
+  // In arrival order; a request waiting for newer weights (min_version) is passed over.
+  size_t i = 0;
+  while (i < pending.size() && find_free() >= 0) {
+    std::shared_ptr<Work> w = pending[i];
     const int32_t n = std::max<int32_t>(1, w->req.sampling.num_samples);
+    const auto drop = [&] { pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i)); };
     if (IsCancelled(*w)) {
       EndUnadmitted(*w, FinishReason::kAborted, "cancelled");
-      pending.pop_front();
+      drop();
       continue;
     }
     std::string stale;
     if (IsStale(*w, &stale)) {  // partly admitted when its version was current
       delta.stale_aborted += static_cast<uint64_t>(n - w->admitted);
       EndUnadmitted(*w, FinishReason::kAborted, stale);
-      pending.pop_front();
+      drop();
+      continue;
+    }
+    if (!Startable(*w, step_version)) {
+      ++i;
       continue;
     }
     if (!w->checked) {
@@ -719,7 +741,7 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
       if (!why.empty()) {
         ++delta.rejected;
         EndUnadmitted(*w, FinishReason::kRejected, why);
-        pending.pop_front();
+        drop();
         continue;
       }
     }
@@ -760,7 +782,10 @@ std::vector<Engine::Loop::Chunk> Engine::Loop::Admit() {
     max_len = std::max(max_len, len);
     delta.prefill_tokens += static_cast<uint64_t>(len);
     chunks.push_back(std::move(chunk));
-    if (w->admitted == n) pending.pop_front();
+    if (w->admitted == n)
+      drop();
+    else
+      ++i;
   }
   return chunks;
 }
@@ -1016,14 +1041,23 @@ void Engine::ThreadMain() {
           FinishUpdate(u, std::move(st));
           continue;
         }
+        // Something a step would do: run sequences, or admit (or end) a queued request. One
+        // that waits for newer weights (min_version) is not work until they land.
+        const auto has_work = [&]() TROUPE_REQUIRES(mu_) {
+          if (L.active > 0) return true;
+          const auto ready = [&](const std::shared_ptr<Work>& w) {
+            return Startable(*w, version_) || CancelRequested(*w);
+          };
+          return std::any_of(queue_.begin(), queue_.end(), ready) ||
+                 std::any_of(L.pending.begin(), L.pending.end(), ready);
+        };
         const bool gate_closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);
-        const bool has_work = !queue_.empty() || L.active > 0 || !L.pending.empty();
-        if (stop_ || (!gate_closed && has_work)) break;
+        if (stop_ || (!gate_closed && has_work())) break;
         engine_sleeping_ = true;
         cv_.wait_until(l, Deadline::InMs(1000).at(), [&]() TROUPE_REQUIRES(mu_) {
           if (update_due()) return true;
           const bool closed = update_running_ || (updates_waiting_ > 0 && pins_ == 0);
-          return stop_ || (!closed && (!queue_.empty() || L.active > 0 || !L.pending.empty()));
+          return stop_ || (!closed && has_work());
         });
         engine_sleeping_ = false;
       }

@@ -674,6 +674,78 @@ TEST(GenerationTest, ARequestOutlivingItsLagLimitIsCutShort) {
   }
 }
 
+// GenerateRequest::min_version: a request waits in the engine for weights at least that new,
+// others pass it meanwhile, and it starts with them; a rollback releases it; a waiting
+// request can be cancelled.
+TEST(GenerationTest, ARequestWaitsForItsMinimumVersionWhileOthersPassIt) {
+  auto engine = Engine::Create(SmallEngine(4));
+  ASSERT_TRUE(engine.ok());
+  Engine& e = **engine;
+  LlamaModel m(TinyConfig(), 7);
+  const NamedTensors w = m.NamedWeights();
+  ASSERT_TRUE(e.UpdateWeights(1, w, Deadline::InMs(kWaitMs)).ok());
+  using Results = std::vector<GenerationResult>;
+  auto submit = [&e](GenerateRequest r, std::promise<Results>* p) {
+    return e.Submit(std::move(r), [p](Results res) { p->set_value(std::move(res)); });
+  };
+  auto ready = [](std::future<Results>& f) {
+    return f.wait_for(std::chrono::milliseconds(kWaitMs)) == std::future_status::ready;
+  };
+  GenerateRequest base;
+  base.prompt = {1, 2, 3};
+  base.sampling.max_new_tokens = 3;
+  base.sampling.num_samples = 2;
+  GenerateRequest later = base, now = base;
+  later.min_version = 2;
+  std::promise<Results> later_p, now_p;
+  ASSERT_TRUE(submit(later, &later_p).ok());  // queued first, waits for version 2
+  ASSERT_TRUE(submit(now, &now_p).ok());
+  auto later_f = later_p.get_future(), now_f = now_p.get_future();
+  ASSERT_TRUE(ready(now_f));  // it passed the waiting one
+  for (const auto& g : now_f.get()) EXPECT_EQ(g.policy_version, 1u);
+  EXPECT_EQ(later_f.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  const EngineStats before = e.stats();
+  EXPECT_EQ(before.sequences, 2u);  // only `now`'s samples ran
+  ASSERT_TRUE(e.UpdateWeights(2, w, Deadline::InMs(kWaitMs)).ok());
+  ASSERT_TRUE(ready(later_f));
+  for (const auto& g : later_f.get()) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kLength) << g.reject_reason;
+    EXPECT_EQ(g.policy_version, 2u);
+    for (uint64_t v : g.token_versions) EXPECT_EQ(v, 2u);
+  }
+
+  // A rollback below the version the engine had when it arrived releases a waiting request:
+  // the learner that granted it is gone.
+  GenerateRequest orphan = base;
+  orphan.min_version = 9;
+  std::promise<Results> orphan_p;
+  ASSERT_TRUE(submit(orphan, &orphan_p).ok());
+  auto orphan_f = orphan_p.get_future();
+  ASSERT_TRUE(e.UpdateWeights(1, w, Deadline::InMs(kWaitMs), /*allow_rollback=*/true).ok());
+  ASSERT_TRUE(ready(orphan_f));
+  for (const auto& g : orphan_f.get()) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kLength) << g.reject_reason;
+    EXPECT_EQ(g.policy_version, 1u);
+  }
+
+  // A waiting request is cancelled at the engine's next step.
+  GenerateRequest waiting = base;
+  waiting.min_version = 9;
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  waiting.cancel = cancel;
+  std::promise<Results> waiting_p, other_p;
+  ASSERT_TRUE(submit(waiting, &waiting_p).ok());
+  cancel->store(true);
+  ASSERT_TRUE(submit(base, &other_p).ok());
+  auto waiting_f = waiting_p.get_future(), other_f = other_p.get_future();
+  ASSERT_TRUE(ready(waiting_f));
+  for (const auto& g : waiting_f.get()) {
+    EXPECT_EQ(g.finish_reason, FinishReason::kAborted);
+    EXPECT_EQ(g.num_new_tokens, 0);
+  }
+  ASSERT_TRUE(ready(other_f));
+}
+
 TEST(GenerationTest, DestructorAbortsPendingWorkAndRunsCallbacks) {
   std::atomic<int> called{0}, aborted{0};
   {

@@ -92,6 +92,14 @@ struct GenerateRequest {
   // max_policy_lag: the learner's weights are at least the engine's, so such a group could
   // only be dropped by the lag gate, and every token sampled for it after that is wasted.
   std::optional<uint64_t> abort_beyond_lag;
+  // Start only with weights at least this new: the request waits in the engine's queue (other
+  // requests pass it) until an update reaches min_version, and starts at the next step
+  // boundary without a round trip through the caller. A rollback (an update to a version below
+  // the one the engine had when the request arrived: a learner restarted from an older
+  // checkpoint) releases it. A waiting request does not wake a sleeping engine; a cancelled
+  // one ends at the engine's next step (within a second when it is idle). A rollout actor
+  // sets the version its credit grant requires (0: start at once).
+  uint64_t min_version = 0;
 };
 
 // One sampled sequence.
@@ -220,6 +228,10 @@ class Engine {
  private:
   struct Batch;
   struct Work;
+  // Whether a queued request may start with weights of `version` (GenerateRequest::min_version).
+  static bool Startable(const Work& w, uint64_t version);
+  // Cancelled by its caller or its Generate() deadline (the step ends it).
+  static bool CancelRequested(const Work& w);
   struct Seq;
   class Loop;
 
