@@ -1045,8 +1045,9 @@ void Engine::ThreadMain() {
         // that waits for newer weights (min_version) is not work until they land.
         const auto has_work = [&]() TROUPE_REQUIRES(mu_) {
           if (L.active > 0) return true;
-          const auto ready = [&](const std::shared_ptr<Work>& w) {
-            return Startable(*w, version_) || CancelRequested(*w);
+          const uint64_t v = version_;
+          const auto ready = [v](const std::shared_ptr<Work>& w) {
+            return Startable(*w, v) || CancelRequested(*w);
           };
           return std::any_of(queue_.begin(), queue_.end(), ready) ||
                  std::any_of(L.pending.begin(), L.pending.end(), ready);

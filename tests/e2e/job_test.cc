@@ -245,9 +245,11 @@ TEST(EndToEnd, ActorsExitWhenTheHeadDies) {
 }
 
 TEST(EndToEnd, SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted) {
-  // rollout-1 sleeps 250 ms per group: its groups arrive too late to train on.
+  // rollout-1 sleeps 250 ms per group: its groups arrive too late to train on. Four groups a
+  // message (the default job sends 16, one update's worth): a slowed message is held 1 s, not
+  // 4 s, so several arrive (stale) within the job's 60 updates instead of none.
   Job job(Short(60, {"rollout.slow_actor=rollout-1", "rollout.slow_ms_per_group=250",
-                     "trainer.max_policy_lag=1"}),
+                     "trainer.max_policy_lag=1", "batch.groups_per_message=4"}),
           "slow");
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
