@@ -19,6 +19,12 @@ transport::SocketOptions DataSocketOptions(int hwm, const std::string& identity)
   o.send_hwm = hwm;
   o.recv_hwm = hwm;
   o.linger_ms = 0;  // a transfer that is over or abandoned needs nothing flushed
+  // No ZMTP heartbeats: a data socket's receive queue fills to its HWM (that is its flow
+  // control), and libzmq 4.3.4 (Debian 12) aborts the process ("Assertion failed: !_io_error
+  // (stream_engine_base.cpp:331)") when a heartbeat falls due on a connection whose input is
+  // stopped and whose peer has gone. Liveness here is the protocol's (member_timeout_ms,
+  // learner_timeout_ms). ChunkStreamZmq.APeerThatFillsTheQueueAndGoesAwayKillsNothing.
+  o.heartbeat_ivl_ms = 0;
   o.limits.max_message_bytes = kMaxDataMessageBytes;
   o.limits.max_segments = 8;  // header struct + payload
   o.hard_frame_limit_bytes = static_cast<int64_t>(kMaxDataMessageBytes);

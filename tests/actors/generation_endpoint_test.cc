@@ -440,17 +440,26 @@ TEST_F(StreamTest, DeltasConcatenateToThePlainReplyAndArriveWhileGenerating) {
     json sreq = req;
     sreq["stream"] = true;
     sreq["stream_options"] = {{"include_usage", true}};
-    // The first chunk leaves while the engine is held after the first token: the client
-    // releases the engine when it gets it, so it must come before the rest is sampled.
+    // Every choice's first chunk leaves while the engine is held after the first token: the
+    // client releases the engine when it has one from each, so they must come before the rest
+    // is sampled (releasing on the very first chunk raced: the server may have read the
+    // tokens of choice 0 before the engine wrote those of choice 1, and choice 1 then
+    // legitimately came whole in its final chunk).
     Latch held, release;
     std::atomic<bool> late{false};
     Streamed st;
     std::thread client;
+    std::vector<bool> opened(2, false);
     HoldAfterFirstToken(
         [&] {
           client = std::thread([&] {
-            st = StreamHttp(Url(path), sreq, [&](const json&) {
-              release.Open();
+            st = StreamHttp(Url(path), sreq, [&](const json& e) {
+              if (e.is_object() && e.contains("choices"))
+                for (const json& c : e["choices"]) {
+                  const size_t i = c.value("index", size_t{9});
+                  if (i < opened.size()) opened[i] = true;
+                }
+              if (opened[0] && opened[1]) release.Open();
               return true;
             });
           });
@@ -459,7 +468,8 @@ TEST_F(StreamTest, DeltasConcatenateToThePlainReplyAndArriveWhileGenerating) {
     client.join();
     ASSERT_EQ(st.status, 200);
     EXPECT_NE(st.content_type.find("text/event-stream"), std::string::npos);
-    EXPECT_FALSE(late) << "no chunk arrived while the engine was held after the first token";
+    EXPECT_FALSE(late) << "a choice's first chunk did not arrive while the engine was held "
+                          "after the first token";
     ASSERT_GE(st.events.size(), 4u);  // >= one delta per choice, two finals, usage, [DONE]
     EXPECT_EQ(st.events.back(), "[DONE]");
     std::vector<std::string> text(2);

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <future>
 #include <random>
+#include <thread>
 
 #include "chunk_stream.h"
 #include "protocol.h"
@@ -33,6 +34,7 @@
 #include "troupe/broadcast/sender.h"
 #include "troupe/transport/fault_injection.h"
 #include "troupe/transport/memory_network.h"
+#include "troupe/transport/zmq_network.h"
 #include "weights_fixture.h"
 
 namespace troupe::broadcast {
@@ -383,6 +385,48 @@ TEST_F(ProtocolTest, ForgedChunksAndForeignMessagesAreRefusedAndCounted) {
   EXPECT_EQ(sender_->last_report().members, std::vector<std::string>{"r0"});  // r0 not "exited"
   to_data.reset();
   to_control.reset();
+}
+
+// ----------------------------------------------------------------- data sockets over ZeroMQ
+
+// A data socket is flow-controlled by its queue: a chain member that reads slowly stops taking
+// input at the HWM. If the peer then goes away (a member killed mid-transfer), a ZMTP heartbeat
+// falling due on that connection made libzmq 4.3.4 abort the whole process 2 s later
+// ("!_io_error", stream_engine_base.cpp:331; seen in JoinMidRunGetsCatchUpThenNextEpoch over
+// zmq_chain). The data sockets run without ZMTP heartbeats: this process must outlive that.
+TEST(ChunkStreamZmq, APeerThatFillsTheQueueAndGoesAwayKillsNothing) {
+  transport::ZmqNetworkOptions ro;
+  ro.identity = {"r1", 1};
+  auto rnet = transport::NewZmqNetwork(ro);
+  ASSERT_TRUE(rnet.ok()) << rnet.status().ToString();
+  auto rx = ChunkReceiver::Bind(rnet->get(), "tcp://127.0.0.1:0", /*hwm_chunks=*/2);
+  ASSERT_TRUE(rx.ok()) << rx.status().ToString();
+  {
+    transport::ZmqNetworkOptions po;
+    po.identity = {"r0", 1};
+    auto pnet = transport::NewZmqNetwork(po);
+    ASSERT_TRUE(pnet.ok()) << pnet.status().ToString();
+    auto to = ConnectDataSocket(pnet->get(), (*rx)->endpoint(), "r0", /*hwm_chunks=*/2);
+    ASSERT_TRUE(to.ok()) << to.status().ToString();
+    // Nobody reads: the receiver's queue and both TCP buffers fill, then a send times out
+    // (256 KiB chunks: a few dozen fill them).
+    const std::vector<uint8_t> bytes(256 << 10, 7);
+    int sent = 0;
+    for (; sent < 10000; ++sent) {
+      auto chunk = proto::EncodeChunk({"r0", 1}, proto::ChunkMsg{1, 1, 0, 0, false, 0, {}},
+                                      transport::TensorBytes::Copy(bytes.data(), bytes.size()));
+      ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+      if (!(*to)->Send(*chunk, Deadline::InMs(300)).ok()) break;
+    }
+    ASSERT_LT(sent, 10000) << "the receiver's queue never filled";
+    ASSERT_GT(sent, 2);
+  }  // the peer's socket and network close (linger 0): its connection is gone
+  // Two heartbeat intervals (1000 ms each by default) and a margin: the abort came at the
+  // second.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  // Still serving: what was queued can be read.
+  auto first = (*rx)->socket()->Recv(Deadline::InMs(2000));
+  EXPECT_TRUE(first.ok()) << first.status().ToString();
 }
 
 // ----------------------------------------------------------------- the gloo rendezvous

@@ -61,7 +61,10 @@ struct SocketOptions {
   int reconnect_ivl_max_ms = 2000;
   // ZMTP heartbeats: a connection silent for heartbeat_timeout_ms is closed
   // (dead peers are noticed even without TCP RST). 0 disables. Defaults
-  // 1000 / 5000 ms.
+  // 1000 / 5000 ms. Turn them off on a socket whose receive queue is meant to
+  // fill to recv_hwm (flow control): libzmq 4.3.4 aborts the process when a
+  // heartbeat falls due on a connection whose input is stopped and whose peer
+  // has gone (the broadcast's data sockets, broadcast/src/chunk_stream.cc).
   int heartbeat_ivl_ms = 1000;
   int heartbeat_timeout_ms = 5000;
   // Hard per-frame cap enforced inside ZeroMQ (ZMQ_MAXMSGSIZE): a peer sending
