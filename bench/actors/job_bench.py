@@ -13,8 +13,8 @@
      per second and response lengths. `async`: the default task (short, even
      responses); `async_multiturn`: multi-turn tool episodes
      (configs/multiturn_file_reverse.yaml); `async_longtail`: long-tailed response
-     lengths (configs/longtail_reverse.yaml); each of the last two from one shared
-     warm start.
+     lengths (configs/longtail_reverse.yaml; --longtail-set KEY=VALUE changes it, e.g.
+     a longer tail); each of the last two from one shared warm start.
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
      (bench/actors/standalone_rollout), --overhead-rounds rounds of the job bracketed by
@@ -185,12 +185,12 @@ def bench_async(a):
     return lag_runs(a, CONFIG, [], a.async_target, a.async_seconds, "async_")
 
 
-def warm_start_once(a, config, given):
-    """One supervised warm start of `config` for every lag run (its first checkpoint, before
-    RL), or `given` when set: the runs then differ only in their RL."""
+def warm_start_once(a, config, given, sets=()):
+    """One supervised warm start of `config` (with `sets`) for every lag run (its first
+    checkpoint, before RL), or `given` when set: the runs then differ only in their RL."""
     if given:
         return given
-    _, _, runs = troupe_run(a.build, ["stop.max_steps=1", "eval.every_steps=0"], a.timeout,
+    _, _, runs = troupe_run(a.build, list(sets) + ["stop.max_steps=1", "eval.every_steps=0"], a.timeout,
                             with_runs=True, config=config)
     ckpts = sorted(c for c in os.listdir(os.path.join(runs, "latest", "checkpoints")) if c.startswith("ckpt-"))
     warm = os.path.join(runs, "latest", "checkpoints", ckpts[0])
@@ -211,11 +211,14 @@ def bench_async_multiturn(a):
 def bench_async_longtail(a):
     """Long-tailed response lengths (configs/longtail_reverse.yaml: words of 3-64 letters with
     P(len) ~ len^-2, responses of 4-65 tokens): a lag-0 update waits for its slowest groups,
-    decoded in ever smaller batches. From one shared warm start (200 supervised steps)."""
+    decoded in ever smaller batches. From one shared warm start (200 supervised steps).
+    --longtail-set overrides apply to the warm start and every run (e.g. a longer tail)."""
     config = os.path.join(ROOT, "configs", "longtail_reverse.yaml")
-    warm = warm_start_once(a, config, a.longtail_init_from)
-    sets = ["warm_start.steps=0", "warm_start.init_from=" + warm]
-    return lag_runs(a, config, sets, a.longtail_target, a.longtail_seconds, "longtail_")
+    warm = warm_start_once(a, config, a.longtail_init_from, a.longtail_set)
+    sets = a.longtail_set + ["warm_start.steps=0", "warm_start.init_from=" + warm]
+    res = lag_runs(a, config, sets, a.longtail_target, a.longtail_seconds, "longtail_")
+    res["longtail_sets"] = a.longtail_set
+    return res
 
 
 def actor_env():
@@ -425,6 +428,8 @@ def main():
     ap.add_argument("--longtail-seconds", type=int, default=300)
     ap.add_argument("--longtail-init-from", default="",
                     help="a warm-start checkpoint of configs/longtail_reverse.yaml (default: make one)")
+    ap.add_argument("--longtail-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="async_longtail: a config override for the warm start and every run (repeatable)")
     ap.add_argument("--credit-reserve", type=int, default=0,
                     help="overhead: the job's rollout.credit_reserve (default 0, the default job's)")
     ap.add_argument("--overhead-steps", type=int, default=300)
