@@ -14,7 +14,11 @@
      responses); `async_multiturn`: multi-turn tool episodes
      (configs/multiturn_file_reverse.yaml); `async_longtail`: long-tailed response
      lengths (configs/longtail_reverse.yaml; --longtail-set KEY=VALUE changes it, e.g.
-     a longer tail); each of the last two from one shared warm start.
+     a longer tail); each of the last two from one shared warm start. Every lag run also
+     samples its job's processes (/proc, every 0.5 s from update 20 to its last): cores
+     busy and CPU milliseconds an update; `*_throughput_ratio_limit` is what lag 2 could
+     reach at its own CPU an update with every core busy, over lag 0's rate (on 2 cores a
+     lag-0 job that keeps 1.4 cores busy leaves lag 2 at most 2/1.4 of its throughput).
   3. actor-system overhead: one rollout actor's tokens per process CPU-second
      inside the full job vs the engine alone doing the same work
      (bench/actors/standalone_rollout), --overhead-rounds rounds of the job bracketed by
@@ -37,16 +41,70 @@
 Usage: bench/actors/job_bench.py [--build build] [--only default,async,async_multiturn,async_longtail,overhead,duty_cycle] [--rounds 3]
 Ends with one JSON line of the figures and ratios.
 """
-import argparse, atexit, json, os, re, shutil, subprocess, sys, tempfile, time
+import argparse, atexit, json, os, re, shutil, signal, subprocess, sys, tempfile, time
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "tiny_reverse.yaml")
 # The overhead job and its engine-alone peers: one rollout actor, far from the lag gate.
+# Lag runs sample their CPU from this update on (the first updates start the pipeline).
+CPU_FROM_STEP = 20
 OVERHEAD_SETS = ["rollout.count=1", "trainer.max_policy_lag=8"]
 
 
-def troupe_run(build, sets, timeout, with_runs=False, config=CONFIG):
-    """Runs a job in a private runs folder; returns the parsed metrics.jsonl records."""
+def tree_cpu_seconds(root):
+    """CPU seconds (user + system) of process `root` and every live descendant, from /proc,
+    and the set of their pids."""
+    parent, cpu = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                st = f.read()
+        except OSError:
+            continue
+        f = st[st.rindex(")") + 2:].split()
+        parent[int(d)] = int(f[1])
+        cpu[int(d)] = (int(f[11]) + int(f[12])) / CLK_TCK
+    total, todo, pids = 0.0, [root], set()
+    while todo:
+        p = todo.pop()
+        pids.add(p)
+        total += cpu.get(p, 0.0)
+        todo += [c for c, pp in parent.items() if pp == p]
+    return total, pids
+
+
+def last_train_step(path):
+    step = 0
+    try:
+        with open(path) as f:
+            for line in f:
+                if '"kind":"train"' in line:
+                    step = max(step, json.loads(line).get("step", 0))
+    except (OSError, ValueError):
+        pass
+    return step
+
+
+def stop(proc):
+    """Stops `troupe run` as Ctrl-C would (it stops the actors it started), then kills it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def troupe_run(build, sets, timeout, with_runs=False, config=CONFIG, cpu_from_step=0):
+    """Runs a job in a private runs folder; returns the parsed metrics.jsonl records.
+    cpu_from_step > 0: also samples the job's process tree every 0.5 s and returns, as a
+    third element, its CPU over the RL updates from that step to the last one sampled
+    ({"cpu_s", "wall_s", "updates", "cores", "cpu_ms_per_update"}; None when too short)."""
     runs = tempfile.mkdtemp(prefix="troupe-bench-")
     if not os.environ.get("TROUPE_BENCH_KEEP_RUNS"):  # set it to keep the run folders
         atexit.register(shutil.rmtree, runs, True)
@@ -54,18 +112,48 @@ def troupe_run(build, sets, timeout, with_runs=False, config=CONFIG):
     for s in sets:
         cmd += ["--set", s]
     t0 = time.time()
-    out = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         timeout=timeout, text=True)
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, text=True)
+        first = last = None  # (step, cpu, time) samples bracketing the measured updates
+        try:
+            while proc.poll() is None:
+                if time.time() - t0 > timeout:
+                    stop(proc)
+                    raise SystemExit(f"troupe run timed out after {timeout} s: {' '.join(sets)}")
+                if cpu_from_step > 0:
+                    step = last_train_step(os.path.join(runs, "latest", "metrics.jsonl"))
+                    if step >= cpu_from_step:
+                        cpu, pids = tree_cpu_seconds(proc.pid)
+                        sample = (step, cpu, time.time(), pids)
+                        # Only samples whose step moved on while every process of the first
+                        # sample lives: the updates still run (an exited actor's CPU leaves the
+                        # tree, and the job's shutdown is not counted).
+                        if first is None:
+                            first = sample
+                        elif step > (last or first)[0] and pids >= first[3]:
+                            last = sample
+                time.sleep(0.5)
+        finally:
+            stop(proc)
+        log.seek(0)
+        out = log.read()
     wall = time.time() - t0
-    if out.returncode != 0:
-        sys.stderr.write(out.stdout[-4000:])
-        raise SystemExit(f"troupe run failed ({out.returncode}): {' '.join(sets)}")
+    if proc.returncode != 0:
+        sys.stderr.write(out[-4000:])
+        raise SystemExit(f"troupe run failed ({proc.returncode}): {' '.join(sets)}")
     recs = []
     with open(os.path.join(runs, "latest", "metrics.jsonl")) as f:
         for line in f:
             recs.append(json.loads(line))
-    sys.stderr.write("".join(l + "\n" for l in out.stdout.splitlines() if l.startswith(("warm", "summary", "  "))))
-    return (recs, wall, runs) if with_runs else (recs, wall)
+    sys.stderr.write("".join(l + "\n" for l in out.splitlines() if l.startswith(("warm", "summary", "  "))))
+    res = (recs, wall, runs) if with_runs else (recs, wall)
+    if cpu_from_step > 0:
+        cpu = None
+        if first and last and last[0] > first[0]:
+            n, c, w = last[0] - first[0], last[1] - first[1], last[2] - first[2]
+            cpu = {"cpu_s": c, "wall_s": w, "updates": n, "cores": c / w, "cpu_ms_per_update": 1000 * c / n}
+        res += (cpu,)
+    return res
 
 
 def time_to(recs, target):
@@ -158,11 +246,15 @@ def lag_runs(a, config, sets, target, seconds, tag):
     runs = {0: [], 2: []}
     for i in range(a.async_repeats):
         for lag in ((0, 2) if i % 2 == 0 else (2, 0)):
-            recs, _ = troupe_run(a.build, common + ["trainer.max_policy_lag=%d" % lag], a.timeout, config=config)
+            recs, _, cpu = troupe_run(a.build, common + ["trainer.max_policy_lag=%d" % lag], a.timeout,
+                                      config=config, cpu_from_step=CPU_FROM_STEP)
             t, n = time_to(recs, target), steps_to(recs, target)
             trains = [r for r in recs if r.get("kind") == "train"]
             run = {"s": t, "updates": n, "updates_per_s": (n / t) if t and n else None,
                    "best_acc": summary(recs).get("best_accuracy")}
+            if cpu:  # the job's processes while it trains: cores busy, CPU an update
+                run.update({"cores": cpu["cores"], "cpu_ms_per_update": cpu["cpu_ms_per_update"],
+                            "sampled_updates_per_s": cpu["updates"] / cpu["wall_s"]})
             if trains:
                 run["response_len_mean"] = sum(r.get("response_len_mean", 0) for r in trains) / len(trains)
                 run["response_len_max_mean"] = sum(r.get("response_len_max", 0) for r in trains) / len(trains)
@@ -177,6 +269,18 @@ def lag_runs(a, config, sets, target, seconds, tag):
         res[tag + "speedup"] = res[tag + "lag0_time_s"] / res[tag + "lag2_time_s"]
     if res[tag + "lag0_updates_per_s"] and res[tag + "lag2_updates_per_s"]:
         res[tag + "throughput_ratio"] = res[tag + "lag2_updates_per_s"] / res[tag + "lag0_updates_per_s"]
+    # The limit of the throughput ratio on these cores: lag 2 keeping every core busy at its own
+    # CPU per update, over lag 0's rate (both sampled over the same stretch of each run).
+    for lag in (0, 2):
+        for k in ("cores", "cpu_ms_per_update", "sampled_updates_per_s"):
+            res["%slag%d_%s" % (tag, lag, k)] = median([r.get(k) for r in runs[lag]])
+    cores = len(os.sched_getaffinity(0))
+    if res[tag + "lag2_cpu_ms_per_update"] and res[tag + "lag0_sampled_updates_per_s"]:
+        res[tag + "cores_available"] = cores
+        res[tag + "sampled_throughput_ratio"] = (res[tag + "lag2_sampled_updates_per_s"] /
+                                                 res[tag + "lag0_sampled_updates_per_s"])
+        res[tag + "throughput_ratio_limit"] = (1000.0 * cores / res[tag + "lag2_cpu_ms_per_update"] /
+                                               res[tag + "lag0_sampled_updates_per_s"])
     return res
 
 
