@@ -72,6 +72,7 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<const S
   std::vector<float> logprobs;
   std::vector<uint8_t> mask;
   bool with_versions = true;
+  bool with_start_versions = !seqs.empty();
   size_t prompt_total = 0, response_total = 0;
   for (const SequenceRecord* s : seqs) {
     prompt_total += s->prompt.size();
@@ -90,6 +91,7 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<const S
                       info.batch_id, s.response.size(), s.logprobs.size(), s.mask.size());
     }
     with_versions &= s.token_versions.size() == s.response.size();
+    with_start_versions &= s.start_version != SequenceRecord::kNoVersion;
     prompt.insert(prompt.end(), s.prompt.begin(), s.prompt.end());
     response.insert(response.end(), s.response.begin(), s.response.end());
     logprobs.insert(logprobs.end(), s.logprobs.begin(), s.logprobs.end());
@@ -110,6 +112,12 @@ Status BuildRolloutBatch(const RolloutBatchInfo& info, const std::vector<const S
   TROUPE_RETURN_IF_ERROR(PutColumn(msg, b.initLossMask(), std::move(mask)));
   if (with_versions && !seqs.empty()) {
     TROUPE_RETURN_IF_ERROR(PutColumn(msg, b.initTokenVersions(), std::move(versions)));
+  }
+  if (with_start_versions) {
+    std::vector<int64_t> starts;
+    starts.reserve(seqs.size());
+    for (const SequenceRecord* s : seqs) starts.push_back(static_cast<int64_t>(s->start_version));
+    TROUPE_RETURN_IF_ERROR(PutColumn(msg, b.initSequenceVersions(), std::move(starts)));
   }
   auto meta = b.initSequences(static_cast<unsigned>(seqs.size()));
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -184,6 +192,10 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   if (in.hasTokenVersions()) {
     TROUPE_RETURN_IF_ERROR(ref(in.getTokenVersions(), r.initTokenVersions(), "tokenVersions"));
   }
+  if (in.hasSequenceVersions()) {
+    TROUPE_RETURN_IF_ERROR(
+        ref(in.getSequenceVersions(), r.initSequenceVersions(), "sequenceVersions"));
+  }
   std::vector<float> values;
   values.reserve(rewards.size());
   for (const auto& x : rewards) values.push_back(x.reward);
@@ -209,12 +221,33 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   return Status::Ok();
 }
 
+int64_t RemoveStaleSequences(trainer::TrainBatch* batch, std::vector<uint64_t>* versions,
+                             uint64_t learner_version, uint64_t max_lag) {
+  const int64_t n = batch->num_sequences();
+  if (n <= 0 || static_cast<int64_t>(versions->size()) != n) return 0;
+  auto stale = [&](uint64_t v) { return v < learner_version && learner_version - v > max_lag; };
+  std::vector<uint8_t> drop(static_cast<size_t>(n), 0);
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i) k += drop[i] = stale((*versions)[i]) ? 1 : 0;
+  if (k == 0 || k == n) return 0;
+  const int64_t removed = batch->RemoveSequences(drop);
+  if (removed != k) return removed;  // 0: not removable as laid out, the batch goes as it came
+  std::vector<uint64_t> kept;
+  kept.reserve(static_cast<size_t>(n - k));
+  for (int64_t i = 0; i < n; ++i)
+    if (!drop[i]) kept.push_back((*versions)[i]);
+  *versions = std::move(kept);
+  batch->policy_version = *std::min_element(versions->begin(), versions->end());
+  return removed;
+}
+
 std::string BatchOrigin::Source() const {
   return fmt::format("{}/{:x}", producer, incarnation);
 }
 
 Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
-                                           std::vector<uint8_t>* unscored) {
+                                           std::vector<uint8_t>* unscored,
+                                           std::vector<uint64_t>* versions) {
   if (msg.kind() != transport::MessageKind::SCORED_BATCH) {
     return ProtocolError("expected a scoredBatch, got {}", transport::KindName(msg.kind()));
   }
@@ -258,6 +291,22 @@ Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, Batc
     unscored->assign(static_cast<size_t>(std::max<int64_t>(0, n)), 0);
     if (details.size() == static_cast<unsigned>(n))
       for (unsigned i = 0; i < details.size(); ++i) (*unscored)[i] = details[i].getUnscored();
+  }
+  if (versions) {
+    versions->clear();
+    if (r.hasSequenceVersions()) {
+      TROUPE_ASSIGN_OR_RETURN(
+          auto v, GetColumn<int64_t>(msg, r.getSequenceVersions(), "sequenceVersions", n));
+      versions->reserve(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (v[i] < 0 || static_cast<uint64_t>(v[i]) < t.policy_version) {
+          return InvalidArgument(
+              "sequenceVersions[{}] = {} is below the batch's policyVersion {} (its minimum)", i,
+              v[i], t.policy_version);
+        }
+        versions->push_back(static_cast<uint64_t>(v[i]));
+      }
+    }
   }
   auto meta = r.getSequences();
   if (meta.size() == static_cast<unsigned>(n)) {

@@ -85,10 +85,11 @@ Result<std::unique_ptr<BatchLedger>> BatchLedger::Open(const std::string& path,
     for (std::string c; std::getline(ls, c, '\t');) col.push_back(std::move(c));
     Entry e;
     LedgerCounts probe;
-    if (col.size() != 5 || col[0].empty() || !probe.Add(col[1], 0) ||
-        !ParseCount(col[2], &e.sequences) || !ParseCount(col[3], &e.unscored)) {
+    if ((col.size() != 5 && col.size() != 6) || col[0].empty() || !probe.Add(col[1], 0) ||
+        !ParseCount(col[2], &e.sequences) || !ParseCount(col[3], &e.unscored) ||
+        (col.size() == 6 && !ParseCount(col[5], &e.stale))) {
       return Malformed("batch ledger {}: line {} is not '<id> <fate> <sequences> <unscored> "
-                       "<source>' (tab-separated)",
+                       "<source> [<stale>]' (tab-separated)",
                        path, i + 1);
     }
     e.fate = col[1];
@@ -98,6 +99,7 @@ Result<std::unique_ptr<BatchLedger>> BatchLedger::Open(const std::string& path,
     LedgerCounts& c = l->by_source_[col[4]];
     c.Add(e.fate, e.sequences);
     c.dropped_unscored += e.unscored;
+    c.dropped_stale += e.stale;
   }
   return l;
 }
@@ -107,11 +109,13 @@ BatchLedger::~BatchLedger() {
 }
 
 Status BatchLedger::Record(const std::string& id, const std::string& source,
-                           const std::string& fate, int64_t sequences, int64_t unscored) {
+                           const std::string& fate, int64_t sequences, int64_t unscored,
+                           int64_t stale) {
   LedgerCounts& c = by_source_[source];
   TROUPE_CHECK_MSG(c.Add(fate, sequences), "unknown ledger fate '{}'", fate);
   c.dropped_unscored += unscored;
-  TROUPE_CHECK_MSG(entries_.emplace(id, Entry{fate, sequences, unscored}).second,
+  c.dropped_stale += stale;
+  TROUPE_CHECK_MSG(entries_.emplace(id, Entry{fate, sequences, unscored, stale}).second,
                    "batch '{}' recorded twice in the ledger", id);
   // Ids and sources come from the wire: keep the file parseable whatever they hold.
   auto clean = [](std::string s) {
@@ -120,7 +124,8 @@ Status BatchLedger::Record(const std::string& id, const std::string& source,
     return s;
   };
   std::string line = clean(id) + "\t" + fate + "\t" + std::to_string(sequences) + "\t" +
-                     std::to_string(unscored) + "\t" + clean(source) + "\n";
+                     std::to_string(unscored) + "\t" + clean(source) + "\t" +
+                     std::to_string(stale) + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size())
     return IoError("cannot write batch ledger {}: {}", path_, std::strerror(errno));
   return Status::Ok();

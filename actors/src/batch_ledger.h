@@ -1,13 +1,16 @@
 // The learner's batch ledger: every batch whose fate it decided, in decision
 // order, in one append-only file of the run folder (`<run>/batches.tsv`):
 //
-//   <batch id> \t <fate> \t <sequences> \t <unscored> \t <source> \n
+//   <batch id> \t <fate> \t <sequences> \t <unscored> \t <source> \t <stale> \n
 //
 // fate is the accounting term the batch's sequences went to ("trained",
 // "skipped", "dropped_stale", "dropped_invalid"); `unscored` counts sequences
 // of the batch left out before training because their reward could not be
 // computed (reward service failure with on_failure: drop); source is the
-// producer incarnation ("rollout-0/<incarnation hex>").
+// producer incarnation ("rollout-0/<incarnation hex>"); `stale` counts
+// sequences of the batch's groups that were too old on arrival and left out
+// (the per-group lag gate: dropped_stale). Lines of five columns (ledgers
+// written before the per-group gate) read as stale 0.
 //
 // The ledger is what makes a learner restart exactly-once and the job's
 // accounting exact:
@@ -58,6 +61,7 @@ class BatchLedger {
     std::string fate;
     int64_t sequences = 0;
     int64_t unscored = 0;
+    int64_t stale = 0;
   };
 
   // Opens (creating) `path`. `keep_bytes` < 0 keeps the whole file; otherwise
@@ -72,7 +76,7 @@ class BatchLedger {
   // Records one decided batch (buffered; Sync() makes it durable). `fate` is
   // a LedgerCounts term. Recording an id twice is a bug (checked).
   Status Record(const std::string& id, const std::string& source, const std::string& fate,
-                int64_t sequences, int64_t unscored);
+                int64_t sequences, int64_t unscored, int64_t stale = 0);
   // Flushes and fsyncs; returns the file's size in bytes (to store in a checkpoint).
   Result<int64_t> Sync();
 

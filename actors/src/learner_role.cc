@@ -118,6 +118,7 @@ class LearnerRole {
   std::unique_ptr<broadcast::WeightSender> sender_;
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
+  int64_t stale_on_arrival_ = 0;  // sequences the per-group gate left out of accepted batches
   int64_t abandoned_groups_ = 0;  // granted groups rollout actors cut short as stale (freed)
   std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
   // A sample of every update's accepted sequences -> head -> RUN/rollouts.jsonl (dashboard).
@@ -135,6 +136,7 @@ class LearnerRole {
     bool rejected = false;
     std::string fate;      // the ledger term once decided ("trained", "dropped_stale", ...)
     int64_t unscored = 0;  // sequences left out before training (no reward: on_failure drop)
+    int64_t stale = 0;     // sequences of its groups too old on arrival, left out (per-group gate)
     std::string reason;
     // The batch's delivery, then copies of it that arrived before it was
     // answered (re-routed by a rollout actor after a reward actor was lost):
@@ -173,7 +175,7 @@ class LearnerRole {
   // are counted apart). A ledger that cannot be written ends the role.
   void Decided(const Held& h) {
     if (h.id.empty()) return;
-    Status s = ledger_->Record(h.id, h.source, h.fate, h.sequences, h.unscored);
+    Status s = ledger_->Record(h.id, h.source, h.fate, h.sequences, h.unscored, h.stale);
     if (!s.ok() && fatal_.ok()) fatal_ = s;
   }
   std::map<std::string, Held> held_;
@@ -586,7 +588,8 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   }
   BatchOrigin origin;
   std::vector<uint8_t> unscored;
-  auto batch = ReadTrainBatch(m, &origin, &unscored);
+  std::vector<uint64_t> versions;  // each sequence's group's own version (may be empty)
+  auto batch = ReadTrainBatch(m, &origin, &unscored, &versions);
   const std::string& producer = origin.producer;
   int64_t groups = 0;
   if (batch.ok()) {
@@ -648,6 +651,26 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
     SendGrants();
     return;
   }
+  // The per-group lag gate: a message carries its oldest group's version, and the groups of
+  // it that are too old are left out (dropped_stale) rather than taking the fresh ones beside
+  // them down. All too old: the whole-batch gate below drops it.
+  if (n_unscored > 0 && versions.size() == unscored.size()) {
+    std::vector<uint64_t> kept;
+    for (size_t i = 0; i < versions.size(); ++i)
+      if (!unscored[i]) kept.push_back(versions[i]);
+    versions = std::move(kept);
+  }
+  const int64_t n_stale = RemoveStaleSequences(
+      &*batch, &versions, learner_->version(),
+      static_cast<uint64_t>(job_.trainer.effective_max_policy_lag()));
+  if (n_stale > 0) {
+    stale_on_arrival_ += n_stale;
+    TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 5000,
+                        "batch {} from {}: left out {} of its sequences, whose groups are more "
+                        "than {} versions older than the learner's {} (the rest is fresh enough)",
+                        id, producer, n_stale, job_.trainer.effective_max_policy_lag(),
+                        learner_->version());
+  }
   // Started under an earlier learner process's grants with a version this
   // process never made (it resumed from an older checkpoint and the versions
   // after it were lost with the old process): too old in effect, not a
@@ -660,8 +683,9 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
                 "resumed at version {} (later versions were lost with that process)",
                 batch->policy_version, learner_->version()))
           : learner_->Offer(std::move(batch).value());
-  Held h{id, source, credited, sequences - n_unscored};
+  Held h{id, source, credited, sequences - n_unscored - n_stale};
   h.unscored = n_unscored;
+  h.stale = n_stale;
   if (adm.ok()) {
     // Sampled for the update that will train it (a burst arriving while the learner steps
     // feeds the updates after the next one); queued_batches counts this batch.
@@ -1005,7 +1029,8 @@ void LearnerRole::Finish() {
   Log().info(
       "done ({}): {} updates, best accuracy {:.3f}, trained {} sequences, dropped {} stale / {} "
       "invalid",
-      done_reason_, RlUpdates(), best_accuracy_, c.trained_sequences, c.dropped_stale_sequences,
+      done_reason_, RlUpdates(), best_accuracy_, c.trained_sequences,
+      c.dropped_stale_sequences + stale_on_arrival_,
       c.dropped_invalid_sequences);
 }
 
@@ -1067,7 +1092,9 @@ Status LearnerRole::Run() {
                     {"updates", static_cast<double>(RlUpdates())},
                     {"queued_batches", static_cast<double>(c.queued_batches)},
                     {"trained", static_cast<double>(c.trained_sequences)},
-                    {"dropped_stale", static_cast<double>(c.dropped_stale_sequences)},
+                    {"dropped_stale", static_cast<double>(c.dropped_stale_sequences +
+                                                          stale_on_arrival_)},
+                    {"stale_groups_left_out_sequences", static_cast<double>(stale_on_arrival_)},
                     {"dropped_invalid", static_cast<double>(c.dropped_invalid_sequences)},
                     {"credits_granted", static_cast<double>(credits_->granted())},
                     {"credits_abandoned_stale", static_cast<double>(abandoned_groups_)},

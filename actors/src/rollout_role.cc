@@ -930,8 +930,9 @@ Status RolloutRole::SendReady(bool flush_all) {
     while (n < ready_.size() && ready_[n].release <= now) ++n;
     return n;
   };
-  // Oldest groups first, and together: a message's version is its oldest group's, so a group
-  // close to the lag limit sent with fresh ones would take them down with it at the lag gate.
+  // Oldest groups first, and together: a message's version is its oldest group's. The learner
+  // gates each group by its own version (sequenceVersions), so a group too old no longer takes
+  // fresh ones beside it down, but the oldest still go first: they are closest to the limit.
   // (Held groups, rollout.slow_actor, keep their release order.)
   if (!slow_)
     std::stable_sort(ready_.begin(), ready_.end(), [](const FinishedGroup& a, const FinishedGroup& b) {
@@ -955,6 +956,7 @@ Status RolloutRole::SendReady(bool flush_all) {
       if (g.grant_learner == grant_learner_) ++info.granted_groups;
       for (auto& r : g.seqs) {
         r.group_index = static_cast<uint32_t>(gi);
+        r.start_version = g.policy_version;  // the learner gates each group by its own
         seqs.push_back(&r);
       }
     }

@@ -44,6 +44,43 @@ TEST(BatchLedger, CountsPerSourceAndTerm) {
   EXPECT_EQ((*l)->Find("r9/x/1"), nullptr);
 }
 
+// Sequences of a batch's groups left out as too old on arrival (the per-group lag gate) count
+// as dropped_stale, also after a reopen; a ledger line of five columns (written before the
+// per-group gate) reads as none left out.
+TEST(BatchLedger, GroupsLeftOutAsStaleCountAsDroppedStaleAndOldLinesStillRead) {
+  TempFile f;
+  {
+    std::ofstream old(f.path());
+    old << "r0/a/1\ttrained\t32\t0\tr0/a\n";
+  }
+  {
+    auto l = BatchLedger::Open(f.path(), -1);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    EXPECT_EQ((*l)->Find("r0/a/1")->stale, 0);
+    ASSERT_TRUE((*l)->Record("r0/a/2", "r0/a", "trained", 24, 0, 8).ok());
+    ASSERT_TRUE((*l)->Record("r0/a/3", "r0/a", "trained", 20, 4, 8).ok());
+    const LedgerCounts& c = (*l)->Counts().at("r0/a");
+    EXPECT_EQ(c.trained, 32 + 24 + 20);
+    EXPECT_EQ(c.dropped_stale, 16);
+    EXPECT_EQ(c.dropped_unscored, 4);
+    EXPECT_EQ(c.decided(), 32 + 32 + 32);
+    ASSERT_TRUE((*l)->Sync().ok());
+  }
+  auto again = BatchLedger::Open(f.path(), -1);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->Find("r0/a/2")->stale, 8);
+  EXPECT_EQ((*again)->Total().dropped_stale, 16);
+  EXPECT_EQ((*again)->Total().decided(), 96);
+  {
+    std::ofstream bad(f.path(), std::ios::app);
+    bad << "r0/a/4\ttrained\t8\t0\tr0/a\tmany\n";
+  }
+  auto malformed = BatchLedger::Open(f.path(), -1);
+  ASSERT_FALSE(malformed.ok());
+  EXPECT_NE(malformed.status().message().find("line 4"), std::string::npos)
+      << malformed.status().ToString();
+}
+
 TEST(BatchLedger, ReopenedAtACheckpointsSizeForgetsLaterDecisions) {
   TempFile f;
   int64_t at_checkpoint = 0;

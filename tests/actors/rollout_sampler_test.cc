@@ -2,7 +2,8 @@
 // messages (BuildRolloutBatch -> ForwardScored over the in-memory network),
 // a character tokenizer; a multi-turn sequence's environment tokens come out
 // as their own segment, the quota per update holds across batches, and
-// every figure is the batch's.
+// every figure is the batch's. Also the codec's per-group versions and the learner's
+// per-group lag gate on them.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -168,6 +169,71 @@ TEST_F(SamplerTest, ABurstQueuedDuringAStepIsSampledForEachUpdateItFeeds) {
   }
   EXPECT_EQ(per_update[0], 3u);
   EXPECT_EQ(per_update[1], 3u) << "the burst's second update got no sample";
+}
+
+// The codec's per-group versions (RolloutBatch.sequenceVersions) through the reward actor's
+// forward, and the learner's per-group gate on them (RemoveStaleSequences).
+TEST_F(SamplerTest, GroupVersionsTravelAndOnlyTheGroupsTooOldAreLeftOut) {
+  auto scored = [&](std::vector<uint64_t> starts, uint64_t batch_version) {
+    std::vector<SequenceRecord> seqs;
+    for (size_t i = 0; i < starts.size(); ++i) {
+      SequenceRecord r;
+      r.prompt = Ids("ab=");
+      r.response = Ids("ba");
+      r.mask = {1, 1};
+      r.logprobs = {-0.5f, -0.5f};
+      r.group_index = static_cast<uint32_t>(i / 2);
+      r.start_version = starts[i];
+      seqs.push_back(r);
+    }
+    RolloutBatchInfo info;
+    info.batch_id = "rollout-0/x/" + std::to_string(batch_version);
+    info.policy_version = batch_version;
+    info.producer = "rollout-0";
+    info.group_size = 2;
+    transport::OutMessage rollout;
+    EXPECT_TRUE(BuildRolloutBatch(info, seqs, &rollout).ok());
+    transport::InMessage in = RoundTrip(rollout);
+    std::vector<RewardRecord> rewards(starts.size());
+    for (size_t i = 0; i < starts.size(); ++i) rewards[i].reward = static_cast<float>(i);
+    transport::OutMessage out;
+    EXPECT_TRUE(ForwardScored(in, rewards, "reward-0", 5, &out).ok());
+    return RoundTrip(out);
+  };
+  BatchOrigin origin;
+  std::vector<uint64_t> v;
+  auto b = ReadTrainBatch(scored({7, 7, 9, 9}, 7), &origin, nullptr, &v);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(v, (std::vector<uint64_t>{7, 7, 9, 9}));
+  EXPECT_EQ(b->policy_version, 7u);
+
+  // Nothing too old (learner 9, lag 2), or all of it (learner 12): the batch stays as it came
+  // (the whole-batch gate decides).
+  for (uint64_t learner : {9u, 12u}) {
+    trainer::TrainBatch same = *b;
+    std::vector<uint64_t> sv = v;
+    EXPECT_EQ(RemoveStaleSequences(&same, &sv, learner, 2), 0) << learner;
+    EXPECT_EQ(same.num_sequences(), 4);
+    EXPECT_EQ(same.policy_version, 7u);
+  }
+  // Learner 10: the group of version 7 is 3 behind, the one of 9 only 1.
+  EXPECT_EQ(RemoveStaleSequences(&*b, &v, 10, 2), 2);
+  EXPECT_EQ(b->num_sequences(), 2);
+  EXPECT_EQ(b->policy_version, 9u) << "the batch's version is its oldest group kept";
+  EXPECT_EQ(v, (std::vector<uint64_t>{9, 9}));
+  EXPECT_EQ(b->rewards, (std::vector<float>{2.0f, 3.0f})) << "the fresh group's own rewards";
+  EXPECT_TRUE(trainer::ValidateTrainBatch(*b, {}).ok());
+
+  // A group older than the batch says it is: refused, naming the field.
+  auto bad = ReadTrainBatch(scored({6, 6, 9, 9}, 7), &origin, nullptr, &v);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sequenceVersions[0] = 6"), std::string::npos)
+      << bad.status().ToString();
+  // A batch without them (a sequence has no version): none read, nothing removed.
+  auto none = ReadTrainBatch(scored({7, 7, 9, SequenceRecord::kNoVersion}, 7), &origin, nullptr, &v);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(v.empty());
+  EXPECT_EQ(RemoveStaleSequences(&*none, &v, 10, 2), 0);
 }
 
 TEST_F(SamplerTest, AnUnreadableBatchIsSkipped) {

@@ -259,6 +259,9 @@ struct RolloutBatch {
                                # `grantedGroups` of its groups (staleness control)
   grantedGroups @17 :UInt32;   # groups of this batch that learner granted (the others were
                                # granted by an earlier learner process)
+  sequenceVersions @18 :Tensor;  # int64 [numSequences], optional: the version each sequence's
+                                 # group started from (>= policyVersion, their minimum); the
+                                 # learner gates each group by its own version
 }
 
 # Per-sequence outcome of scoring.
