@@ -221,33 +221,12 @@ Status ForwardScored(const transport::InMessage& rollout, const std::vector<Rewa
   return Status::Ok();
 }
 
-int64_t RemoveStaleSequences(trainer::TrainBatch* batch, std::vector<uint64_t>* versions,
-                             uint64_t learner_version, uint64_t max_lag) {
-  const int64_t n = batch->num_sequences();
-  if (n <= 0 || static_cast<int64_t>(versions->size()) != n) return 0;
-  auto stale = [&](uint64_t v) { return v < learner_version && learner_version - v > max_lag; };
-  std::vector<uint8_t> drop(static_cast<size_t>(n), 0);
-  int64_t k = 0;
-  for (int64_t i = 0; i < n; ++i) k += drop[i] = stale((*versions)[i]) ? 1 : 0;
-  if (k == 0 || k == n) return 0;
-  const int64_t removed = batch->RemoveSequences(drop);
-  if (removed != k) return removed;  // 0: not removable as laid out, the batch goes as it came
-  std::vector<uint64_t> kept;
-  kept.reserve(static_cast<size_t>(n - k));
-  for (int64_t i = 0; i < n; ++i)
-    if (!drop[i]) kept.push_back((*versions)[i]);
-  *versions = std::move(kept);
-  batch->policy_version = *std::min_element(versions->begin(), versions->end());
-  return removed;
-}
-
 std::string BatchOrigin::Source() const {
   return fmt::format("{}/{:x}", producer, incarnation);
 }
 
 Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
-                                           std::vector<uint8_t>* unscored,
-                                           std::vector<uint64_t>* versions) {
+                                           std::vector<uint8_t>* unscored) {
   if (msg.kind() != transport::MessageKind::SCORED_BATCH) {
     return ProtocolError("expected a scoredBatch, got {}", transport::KindName(msg.kind()));
   }
@@ -292,20 +271,17 @@ Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, Batc
     if (details.size() == static_cast<unsigned>(n))
       for (unsigned i = 0; i < details.size(); ++i) (*unscored)[i] = details[i].getUnscored();
   }
-  if (versions) {
-    versions->clear();
-    if (r.hasSequenceVersions()) {
-      TROUPE_ASSIGN_OR_RETURN(
-          auto v, GetColumn<int64_t>(msg, r.getSequenceVersions(), "sequenceVersions", n));
-      versions->reserve(v.size());
-      for (size_t i = 0; i < v.size(); ++i) {
-        if (v[i] < 0 || static_cast<uint64_t>(v[i]) < t.policy_version) {
-          return InvalidArgument(
-              "sequenceVersions[{}] = {} is below the batch's policyVersion {} (its minimum)", i,
-              v[i], t.policy_version);
-        }
-        versions->push_back(static_cast<uint64_t>(v[i]));
+  if (r.hasSequenceVersions()) {
+    TROUPE_ASSIGN_OR_RETURN(
+        auto v, GetColumn<int64_t>(msg, r.getSequenceVersions(), "sequenceVersions", n));
+    t.sequence_versions.reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] < 0 || static_cast<uint64_t>(v[i]) < t.policy_version) {
+        return InvalidArgument(
+            "sequenceVersions[{}] = {} is below the batch's policyVersion {} (its minimum)", i,
+            v[i], t.policy_version);
       }
+      t.sequence_versions.push_back(static_cast<uint64_t>(v[i]));
     }
   }
   auto meta = r.getSequences();

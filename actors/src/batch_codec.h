@@ -84,20 +84,10 @@ struct BatchOrigin {
 
 // Reads a received ScoredBatch into the learner's batch type. Errors name the
 // field (dtype, size, offsets); the learner validates the content further.
-// `unscored` (optional) gets one flag per sequence: RewardDetail.unscored. `versions`
-// (optional) gets RolloutBatch.sequenceVersions, one per sequence, or nothing when the batch
-// has none; a version below the batch's policyVersion is an error.
+// `unscored` (optional) gets one flag per sequence: RewardDetail.unscored. The batch's
+// sequence_versions are RolloutBatch.sequenceVersions (when sent); one below the batch's
+// policyVersion is an error.
 Result<trainer::TrainBatch> ReadTrainBatch(const transport::InMessage& msg, BatchOrigin* origin,
-                                           std::vector<uint8_t>* unscored = nullptr,
-                                           std::vector<uint64_t>* versions = nullptr);
-
-// The per-group lag gate on arrival: removes from `batch` the sequences whose own version
-// (`versions`, one per sequence, kept in step) is more than `max_lag` behind
-// `learner_version`, when some but not all are, and raises batch->policy_version to the
-// oldest version kept. Returns how many it removed (0: none stale, no versions, or all stale,
-// which the whole-batch gate then drops). A message bundles several groups and carries its
-// oldest group's version: without this, one group too old drops the fresh ones beside it.
-int64_t RemoveStaleSequences(trainer::TrainBatch* batch, std::vector<uint64_t>* versions,
-                             uint64_t learner_version, uint64_t max_lag);
+                                           std::vector<uint8_t>* unscored = nullptr);
 
 }  // namespace troupe::actors

@@ -42,6 +42,7 @@
 #include "troupe/envs/episode_driver.h"
 #include "troupe/envs/scorer.h"
 #include "troupe/trainer/checkpoint.h"
+#include "troupe/trainer/lag_gate.h"
 #include "troupe/trainer/learner.h"
 #include "troupe/transport/reliable.h"
 
@@ -588,8 +589,7 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   }
   BatchOrigin origin;
   std::vector<uint8_t> unscored;
-  std::vector<uint64_t> versions;  // each sequence's group's own version (may be empty)
-  auto batch = ReadTrainBatch(m, &origin, &unscored, &versions);
+  auto batch = ReadTrainBatch(m, &origin, &unscored);
   const std::string& producer = origin.producer;
   int64_t groups = 0;
   if (batch.ok()) {
@@ -654,15 +654,8 @@ void LearnerRole::HandleDelivery(transport::Delivery d) {
   // The per-group lag gate: a message carries its oldest group's version, and the groups of
   // it that are too old are left out (dropped_stale) rather than taking the fresh ones beside
   // them down. All too old: the whole-batch gate below drops it.
-  if (n_unscored > 0 && versions.size() == unscored.size()) {
-    std::vector<uint64_t> kept;
-    for (size_t i = 0; i < versions.size(); ++i)
-      if (!unscored[i]) kept.push_back(versions[i]);
-    versions = std::move(kept);
-  }
-  const int64_t n_stale = RemoveStaleSequences(
-      &*batch, &versions, learner_->version(),
-      static_cast<uint64_t>(job_.trainer.effective_max_policy_lag()));
+  const int64_t n_stale = trainer::RemoveStaleSequences(
+      &*batch, trainer::LagGate(job_.trainer.effective_max_policy_lag()), learner_->version());
   if (n_stale > 0) {
     stale_on_arrival_ += n_stale;
     TROUPE_LOG_EVERY_MS(Log(), spdlog::level::info, 5000,

@@ -76,16 +76,25 @@ def tree_cpu_seconds(root):
     return total, pids
 
 
-def last_train_step(path):
-    step = 0
-    try:
-        with open(path) as f:
-            for line in f:
-                if '"kind":"train"' in line:
-                    step = max(step, json.loads(line).get("step", 0))
-    except (OSError, ValueError):
-        pass
-    return step
+class TrainSteps:
+    """The last train step a growing metrics.jsonl reports, reading only what was appended."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.step = path, 0, 0
+
+    def last(self):
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                for line in f:
+                    if not line.endswith("\n"):
+                        break  # a line still being written: read it next time
+                    self.offset += len(line.encode())
+                    if '"kind":"train"' in line:
+                        self.step = max(self.step, json.loads(line).get("step", 0))
+        except (OSError, ValueError):
+            pass
+        return self.step
 
 
 def stop(proc):
@@ -115,13 +124,14 @@ def troupe_run(build, sets, timeout, with_runs=False, config=CONFIG, cpu_from_st
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, text=True)
         first = last = None  # (step, cpu, time) samples bracketing the measured updates
+        steps = TrainSteps(os.path.join(runs, "latest", "metrics.jsonl"))
         try:
             while proc.poll() is None:
                 if time.time() - t0 > timeout:
                     stop(proc)
                     raise SystemExit(f"troupe run timed out after {timeout} s: {' '.join(sets)}")
                 if cpu_from_step > 0:
-                    step = last_train_step(os.path.join(runs, "latest", "metrics.jsonl"))
+                    step = steps.last()
                     if step >= cpu_from_step:
                         cpu, pids = tree_cpu_seconds(proc.pid)
                         sample = (step, cpu, time.time(), pids)

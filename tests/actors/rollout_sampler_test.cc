@@ -9,6 +9,7 @@
 
 #include "batch_codec.h"
 #include "rollout_sampler.h"
+#include "troupe/trainer/lag_gate.h"
 #include "troupe/engine/tokenizer.h"
 #include "troupe/transport/memory_network.h"
 
@@ -201,39 +202,38 @@ TEST_F(SamplerTest, GroupVersionsTravelAndOnlyTheGroupsTooOldAreLeftOut) {
     return RoundTrip(out);
   };
   BatchOrigin origin;
-  std::vector<uint64_t> v;
-  auto b = ReadTrainBatch(scored({7, 7, 9, 9}, 7), &origin, nullptr, &v);
+  const trainer::LagGate gate(2);
+  auto b = ReadTrainBatch(scored({7, 7, 9, 9}, 7), &origin);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
-  EXPECT_EQ(v, (std::vector<uint64_t>{7, 7, 9, 9}));
+  EXPECT_EQ(b->sequence_versions, (std::vector<uint64_t>{7, 7, 9, 9}));
   EXPECT_EQ(b->policy_version, 7u);
 
   // Nothing too old (learner 9, lag 2), or all of it (learner 12): the batch stays as it came
   // (the whole-batch gate decides).
   for (uint64_t learner : {9u, 12u}) {
     trainer::TrainBatch same = *b;
-    std::vector<uint64_t> sv = v;
-    EXPECT_EQ(RemoveStaleSequences(&same, &sv, learner, 2), 0) << learner;
+    EXPECT_EQ(trainer::RemoveStaleSequences(&same, gate, learner), 0) << learner;
     EXPECT_EQ(same.num_sequences(), 4);
     EXPECT_EQ(same.policy_version, 7u);
   }
   // Learner 10: the group of version 7 is 3 behind, the one of 9 only 1.
-  EXPECT_EQ(RemoveStaleSequences(&*b, &v, 10, 2), 2);
+  EXPECT_EQ(trainer::RemoveStaleSequences(&*b, gate, 10), 2);
   EXPECT_EQ(b->num_sequences(), 2);
   EXPECT_EQ(b->policy_version, 9u) << "the batch's version is its oldest group kept";
-  EXPECT_EQ(v, (std::vector<uint64_t>{9, 9}));
+  EXPECT_EQ(b->sequence_versions, (std::vector<uint64_t>{9, 9}));
   EXPECT_EQ(b->rewards, (std::vector<float>{2.0f, 3.0f})) << "the fresh group's own rewards";
   EXPECT_TRUE(trainer::ValidateTrainBatch(*b, {}).ok());
 
   // A group older than the batch says it is: refused, naming the field.
-  auto bad = ReadTrainBatch(scored({6, 6, 9, 9}, 7), &origin, nullptr, &v);
+  auto bad = ReadTrainBatch(scored({6, 6, 9, 9}, 7), &origin);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("sequenceVersions[0] = 6"), std::string::npos)
       << bad.status().ToString();
   // A batch without them (a sequence has no version): none read, nothing removed.
-  auto none = ReadTrainBatch(scored({7, 7, 9, SequenceRecord::kNoVersion}, 7), &origin, nullptr, &v);
+  auto none = ReadTrainBatch(scored({7, 7, 9, SequenceRecord::kNoVersion}, 7), &origin);
   ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(v.empty());
-  EXPECT_EQ(RemoveStaleSequences(&*none, &v, 10, 2), 0);
+  EXPECT_TRUE(none->sequence_versions.empty());
+  EXPECT_EQ(trainer::RemoveStaleSequences(&*none, gate, 10), 0);
 }
 
 TEST_F(SamplerTest, AnUnreadableBatchIsSkipped) {

@@ -27,7 +27,8 @@ int64_t TrainBatch::RemoveSequences(const std::vector<uint8_t>& drop) {
       static_cast<int64_t>(response_offsets.size()) != n + 1 ||
       static_cast<int64_t>(behaviour_logprobs.size()) != num_response_tokens() ||
       static_cast<int64_t>(loss_mask.size()) != num_response_tokens() ||
-      (!group_index.empty() && static_cast<int64_t>(group_index.size()) != n))
+      (!group_index.empty() && static_cast<int64_t>(group_index.size()) != n) ||
+      (!sequence_versions.empty() && static_cast<int64_t>(sequence_versions.size()) != n))
     return 0;
   if (std::none_of(drop.begin(), drop.end(), [](uint8_t d) { return d != 0; })) return 0;
   for (int64_t i = 0; i < n; ++i) {  // offsets must be in order and in bounds
@@ -66,6 +67,7 @@ int64_t TrainBatch::RemoveSequences(const std::vector<uint8_t>& drop) {
     kept.response_offsets.push_back(static_cast<int64_t>(kept.response_tokens.size()));
     kept.rewards.push_back(rewards[i]);
     kept.group_index.push_back(group_index[i]);
+    if (!sequence_versions.empty()) kept.sequence_versions.push_back(sequence_versions[i]);
   }
   *this = std::move(kept);
   return removed;
@@ -218,6 +220,19 @@ Status ValidateTrainBatch(const TrainBatch& b, const BatchLimits& limits) {
         "{} sequences do not split into groups of group_size {} (give group_index for uneven "
         "groups)",
         n, b.group_size));
+  }
+  if (!b.sequence_versions.empty()) {
+    if (static_cast<int64_t>(b.sequence_versions.size()) != n) {
+      return fail(InvalidArgument("sequence_versions has {} entries, expected one per sequence ({})",
+                                  b.sequence_versions.size(), n));
+    }
+    for (size_t i = 0; i < b.sequence_versions.size(); ++i) {
+      if (b.sequence_versions[i] < b.policy_version) {
+        return fail(InvalidArgument(
+            "sequence_versions[{}] = {} is below the batch's policy_version {} (its minimum)", i,
+            b.sequence_versions[i], b.policy_version));
+      }
+    }
   }
   st = ValidateRewards(b);
   if (!st.ok()) return fail(st);

@@ -41,15 +41,19 @@ struct TrainBatch {
   // Optional: the group of each sequence (sequences sharing a prompt share it),
   // in any order and with any group sizes. Empty: contiguous groups of group_size.
   std::vector<uint32_t> group_index;
+  // Optional: the version each sequence's group started from (wire
+  // RolloutBatch.sequenceVersions), each >= policy_version. Empty: policy_version for all.
+  std::vector<uint64_t> sequence_versions;
 
   int64_t num_sequences() const {
     return prompt_offsets.empty() ? 0 : static_cast<int64_t>(prompt_offsets.size()) - 1;
   }
   int64_t num_response_tokens() const { return static_cast<int64_t>(response_tokens.size()); }
   // Removes the sequences i with drop[i] != 0 (groups keep their members:
-  // group_index is filled in first when empty). Returns how many were removed;
-  // 0 and unchanged when `drop`, the offsets or the rewards do not have one
-  // entry per sequence (validation then reports the batch as it came).
+  // group_index is filled in first when empty; sequence_versions is kept in step).
+  // Returns how many were removed; 0 and unchanged when `drop`, the offsets, the
+  // rewards or the versions do not have one entry per sequence (validation then
+  // reports the batch as it came).
   int64_t RemoveSequences(const std::vector<uint8_t>& drop);
   // Appends one sequence (convenience for tests, benchmarks and tools).
   // `behaviour` and `mask` must have response.size() entries.

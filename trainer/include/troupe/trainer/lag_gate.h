@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "troupe/core/status.h"
+#include "troupe/trainer/batch.h"
 
 namespace troupe::trainer {
 
@@ -31,5 +32,13 @@ class LagGate {
  private:
   int64_t max_lag_;
 };
+
+// The gate per group, for a batch that bundles several groups and carries its oldest group's
+// version: removes the sequences whose own version (batch->sequence_versions) `gate` finds
+// stale at `learner_version`, when some but not all are, and raises batch->policy_version to
+// the oldest version kept. Returns how many it removed (0: none stale, no versions, or all
+// stale, which the whole-batch gate then drops). Without it, one group too old drops the
+// fresh ones beside it.
+int64_t RemoveStaleSequences(TrainBatch* batch, const LagGate& gate, uint64_t learner_version);
 
 }  // namespace troupe::trainer
