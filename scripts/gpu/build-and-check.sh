@@ -10,10 +10,12 @@
 #
 # Needs .gpu-deps/troupe-deps.tar.gz (scripts/gpu/prepare-deps.sh makes it on a Debian 12
 # machine; carry it to the GPU machine with the tree). Phases: probe, deps (unpack +
-# relocate), configure (against the wheel's Torch, CUDA and NCCL), build (only what the
-# checks need, every compile error in one go), tests (gpu-labelled first, then CPU tests
-# against this torch), benchmark (bench/gpu/gpu_bench; the NCCL broadcast benchmark with 2+
-# GPUs), the default job with rollouts on the GPU, summary. Never stops early: a failed or
+# relocate), configure (against the wheel's Torch, CUDA and NCCL; one retry without cuDNN and
+# friends), build (only what the checks need, the gpu tests and the benchmark first, every
+# compile error in one go), the gpu-labelled tests, benchmark (bench/gpu/gpu_bench, its decode
+# limit from the GPU's HBM bandwidth by name; the NCCL broadcast benchmark with 2+ GPUs), the
+# default job with rollouts on the GPU, the CPU tests against this torch in what is left,
+# summary. The most important results come first. Never stops early: a failed or
 # skipped phase is noted and the next one runs if it can. Stops itself within
 # GPU_RUN_BUDGET seconds (default 510: the device tool allows 600 per command). Writes at most
 # 8 files into $OUT (what the device tool returns): summary.txt, results.jsonl (one JSON
@@ -26,7 +28,8 @@
 # (python3), JOBS (nproc), GPU_RUN_TESTS (test names to run instead of the default list),
 # GPU_RUN_JOB (1: run the default job; default 1 on a GPU, 0 in the dry run),
 # GPU_RUN_HEADERS (1: pack the wheel's headers; default 1 on a GPU), GPU_BUILD_LIMIT (seconds
-# for the build, default 300).
+# for the build, default 300), GPU_BENCH_LIMIT (170), GPU_JOB_LIMIT (150), GPU_HBM_TBPS (the
+# decode limit's bandwidth; default by the GPU's name, 4.8 if unknown).
 set -uo pipefail
 DRY=0
 [ "${1:-}" = "--cpu-dry-run" ] && DRY=1
@@ -115,6 +118,19 @@ for h in ("gloo/algorithm.h", "fmt/format.h", "torch/csrc/distributed/c10d/Proce
 PY
   } >"$OUT/probe.txt" 2>&1
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  # The decode limit's HBM bandwidth (datasheet, TB/s) by the GPU's name; GPU_HBM_TBPS wins.
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$GPU_NAME" in
+    *H200*) HBM=4.8 ;;
+    *H100*NVL*) HBM=3.9 ;;
+    *H100*PCIe*) HBM=2.0 ;;
+    *H100*) HBM=3.35 ;;
+    *A100*80GB*) HBM=2.04 ;;
+    *A100*) HBM=1.56 ;;
+    *) HBM=4.8 ;;
+  esac
+  HBM=${GPU_HBM_TBPS:-$HBM}
+  echo "gpu_name $GPU_NAME hbm_tbps $HBM" >>"$OUT/probe.txt"
   TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   TORCH_DIR=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
   TORCH_INC=$TORCH_DIR/include
@@ -146,7 +162,7 @@ PY
   } >>"$OUT/probe.txt"
   # The wheel's headers, for a syntax check on a machine without it (background).
   if [ "${GPU_RUN_HEADERS:-1}" = 1 ] && [ -n "${TORCH_DIR:-}" ]; then
-    (tar -C "$TORCH_DIR" -cf - include version.py 2>/dev/null | xz -T4 -6 >"$OUT/torch-headers.tar.xz"
+    (nice -n 19 tar -C "$TORCH_DIR" -cf - include version.py 2>/dev/null | nice -n 19 xz -T4 -6 >"$OUT/torch-headers.tar.xz"
       [ "$(stat -c %s "$OUT/torch-headers.tar.xz")" -le $((15 << 20)) ] || rm -f "$OUT/torch-headers.tar.xz") &
     HDR_PID=$!
   fi
@@ -154,7 +170,7 @@ fi
 if [ $DRY = 1 ]; then
   TV="$(grep -A1 'define TORCH_VERSION ' /usr/include/torch/csrc/api/include/torch/version.h | grep -o '[0-9][0-9.]*') (Debian, CPU)"
 fi
-note "probe: torch ${TV:-unknown}, $GPUS GPU(s)"
+note "probe: torch ${TV:-unknown}, $GPUS GPU(s) ${GPU_NAME:-} (HBM ${HBM:-?} TB/s for the decode limit)"
 jl kind=phase name=probe gpus="$GPUS" torch_ok="$TORCH_OK" seconds="$(el)"
 
 # ---- 2. deps: unpack the carried Debian 12 prefix and relocate it ---------------------------
@@ -188,12 +204,23 @@ if [ $DEPS_OK = 1 ] && [ $TORCH_OK = 1 ]; then
   if [ $DRY = 0 ]; then
     export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
     ARGS+=("-DCUDAToolkit_ROOT=$CUDA_ROOT" "-DCMAKE_CUDA_COMPILER=$NVCC"
-      "-DCUDA_TOOLKIT_ROOT_DIR=$CUDA_ROOT" "-DNCCL_INCLUDE_DIR=$NCCL_INC"
+      "-DCUDA_TOOLKIT_ROOT_DIR=$CUDA_ROOT" "-DCMAKE_CUDA_ARCHITECTURES=${TORCH_CUDA_ARCH_LIST//./}" "-DNCCL_INCLUDE_DIR=$NCCL_INC"
       "-DNCCL_LIBRARY=$NCCL_LIB" "-DCUDART_INCLUDE_DIR=$CUDART_INC" "-DCUDART_LIBRARY=$CUDART_LIB")
   fi
   printf '%q ' cmake "${ARGS[@]}" >"$OUT/configure.log"
   echo >>"$OUT/configure.log"
   timeout "$(bounded 180)" cmake "${ARGS[@]}" >>"$OUT/configure.log" 2>&1 && CONF_OK=1
+  if [ $CONF_OK = 0 ] && [ $DRY = 0 ]; then
+    # One retry without what torch's CMake config may look for and this build never needs
+    # (cuDNN, cuSPARSELt, cuFile), with the host compiler named for nvcc.
+    note "configure: failed; retrying without cuDNN/cuSPARSELt/cuFile"
+    tail -15 "$OUT/configure.log" | sed 's/^/    /' | tee -a "$S" >/dev/null
+    rm -f "$B/CMakeCache.txt"
+    ARGS+=(-DCAFFE2_USE_CUDNN=OFF -DUSE_CUDNN=OFF -DCAFFE2_USE_CUSPARSELT=OFF -DUSE_CUSPARSELT=OFF
+      -DCAFFE2_USE_CUFILE=OFF -DUSE_CUFILE=OFF "-DCMAKE_CUDA_HOST_COMPILER=$(command -v g++)")
+    echo "===== retry" >>"$OUT/configure.log"
+    timeout "$(bounded 180)" cmake "${ARGS[@]}" >>"$OUT/configure.log" 2>&1 && CONF_OK=1
+  fi
   # Every dependency must come from the prefix (in the dry run /usr has them too: this proves
   # the relocation, not just that something was found).
   outside=$(grep -E '^(CapnProto|spdlog|fmt|nlohmann_json|yaml-cpp|absl|simdjson|GTest|Boost)_DIR:|^(pkgcfg_lib_[A-Z0-9_]+_[a-z0-9_.+-]+|Protobuf_LIBRARY_RELEASE|Protobuf_PROTOC_EXECUTABLE|OPENSSL_SSL_LIBRARY|ICU_INCLUDE_DIR|CAPNP_EXECUTABLE):' \
@@ -217,57 +244,81 @@ if [ $CONF_OK = 1 ]; then
   for t in $TESTS gpu_bench broadcast_bench troupe troupe-actor; do
     grep -qx "$t" <<<"$known" && TARGETS="$TARGETS $t"
   done
+  # Two steps: the gpu tests and the benchmark first, so that a build cut off by its limit
+  # still leaves the checks that matter most; then the job's binaries and the CPU tests.
+  FIRST="" REST=""
+  for t in $TARGETS; do
+    case " $GPU_TESTS gpu_bench " in *" $t "*) FIRST="$FIRST $t" ;; *) REST="$REST $t" ;; esac
+  done
+  bstart=$(el)
+  blimit=${GPU_BUILD_LIMIT:-300}
   # shellcheck disable=SC2086
-  timeout "$(bounded "${GPU_BUILD_LIMIT:-300}")" cmake --build "$B" -j"$NJ" --target $TARGETS -- -k 0 >"$OUT/build.log" 2>&1 &&
+  timeout "$(bounded "$blimit")" cmake --build "$B" -j"$NJ" --target $FIRST -- -k 0 >"$OUT/build.log" 2>&1 &&
     BUILD_OK=1
+  note "build: gpu targets $([ $BUILD_OK = 1 ] && echo ok || echo "FAILED or cut off") after $(($(el) - bstart))s"
+  if [ -n "$REST" ]; then
+    # shellcheck disable=SC2086
+    timeout "$(bounded $((blimit - ($(el) - bstart))))" cmake --build "$B" -j"$NJ" --target $REST -- -k 0 >>"$OUT/build.log" 2>&1 ||
+      BUILD_OK=0
+  fi
   errors=$(grep -c 'error:' "$OUT/build.log")
   note "build: $([ $BUILD_OK = 1 ] && echo ok || echo "FAILED or cut off") ($errors compile errors; targets:$TARGETS)"
   grep -m12 'error:' "$OUT/build.log" | sed 's/^/    /' | tee -a "$S" >/dev/null
 fi
 jl kind=phase name=build ok="$BUILD_OK" seconds="$(el)"
 
-# ---- 5. tests, the gpu-labelled ones first ---------------------------------------------------
+# ---- 5. tests: the gpu-labelled ones first, the CPU ones last (phase 8) -------------------
 exe() { find "$B/tests" "$B/bench" "$B/launcher" "$B/actors" -maxdepth 2 -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
-limit_of() { case $1 in engine_generation_test | engine_model_test | broadcast_protocol_test) echo 240 ;; broadcast_nccl_test) echo 150 ;; *) echo 120 ;; esac; }
+limit_of() { case $1 in engine_generation_test | engine_model_test | broadcast_protocol_test) echo 240 ;; *_cuda_test | broadcast_nccl_test) echo 90 ;; *) echo 120 ;; esac; }
 TEST_ENV=(OMP_NUM_THREADS=4 OMP_WAIT_POLICY=PASSIVE NCCL_DEBUG=WARN "TROUPE_BUILD_DIR=$B" "TROUPE_SOURCE_DIR=$ROOT")
 [ $DRY = 1 ] && TEST_ENV+=(TROUPE_GPU_TEST_DEVICE=cpu OMP_NUM_THREADS=1)
+run_tests() {
+  local t bin s log rc secs pass fail skip
+  for t in "$@"; do
+    bin=$(exe "$t")
+    if [ -z "$bin" ]; then
+      note "$t: not built"
+      jl kind=test name="$t" status=not_built
+      continue
+    fi
+    if [ "$(left)" -lt 40 ]; then
+      note "$t: skipped (budget)"
+      jl kind=test name="$t" status=budget
+      continue
+    fi
+    s=$(date +%s)
+    log=$OUT/.t.log
+    (cd "$B" && env "${TEST_ENV[@]}" timeout "$(bounded "$(limit_of "$t")")" "$bin" --gtest_color=no) >"$log" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - s))
+    pass=$(grep -c '^\[       OK \]' "$log")
+    fail=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log")
+    skip=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$log")
+    { echo "===== $t rc=$rc ${secs}s"; cat "$log"; } >>"$OUT/tests.log"
+    # The figures the tests print (their measured bounds) go to the summary too.
+    note "$t: rc=$rc ${secs}s passed $pass failed $fail skipped $skip"
+    grep -E '^(engine cuda|rl update|.*weights after the update|aborted after)' "$log" | sed 's/^/    /' | tee -a "$S" >/dev/null
+    grep '^\[  FAILED  \] [A-Za-z]' "$log" | sed 's/^/    /' | tee -a "$S" >/dev/null
+    jl kind=test name="$t" rc="$rc" passed="$pass" failed="$fail" skipped="$skip" seconds="$secs"
+    rm -f "$log"
+  done
+}
+# The gpu tests now; the CPU tests against this torch after the benchmark and the job.
+RUN_GPU="" RUN_CPU=""
 for t in $TESTS; do
-  bin=$(exe "$t")
-  if [ -z "$bin" ]; then
-    note "$t: not built"
-    jl kind=test name="$t" status=not_built
-    continue
-  fi
-  if [ "$(left)" -lt 40 ]; then
-    note "$t: skipped (budget)"
-    jl kind=test name="$t" status=budget
-    continue
-  fi
-  s=$(date +%s)
-  log=$OUT/.t.log
-  (cd "$B" && env "${TEST_ENV[@]}" timeout "$(bounded "$(limit_of "$t")")" "$bin" --gtest_color=no) >"$log" 2>&1
-  rc=$?
-  secs=$(($(date +%s) - s))
-  pass=$(grep -c '^\[       OK \]' "$log")
-  fail=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log")
-  skip=$(grep -c '^\[  SKIPPED \] [A-Za-z]' "$log")
-  { echo "===== $t rc=$rc ${secs}s"; cat "$log"; } >>"$OUT/tests.log"
-  # The figures the tests print (their measured bounds) go to the summary too.
-  note "$t: rc=$rc ${secs}s passed $pass failed $fail skipped $skip"
-  grep -E '^(engine cuda|rl update|.*weights after the update|aborted after)' "$log" | sed 's/^/    /' | tee -a "$S" >/dev/null
-  grep '^\[  FAILED  \] [A-Za-z]' "$log" | sed 's/^/    /' | tee -a "$S" >/dev/null
-  jl kind=test name="$t" rc="$rc" passed="$pass" failed="$fail" skipped="$skip" seconds="$secs"
-  rm -f "$log"
+  case " $GPU_TESTS " in *" $t "*) RUN_GPU="$RUN_GPU $t" ;; *) RUN_CPU="$RUN_CPU $t" ;; esac
 done
+# shellcheck disable=SC2086
+run_tests $RUN_GPU
 
 # ---- 6. benchmarks -----------------------------------------------------------------------------
 bench=$(exe gpu_bench)
 if [ -n "$bench" ] && [ "$(left)" -gt 90 ]; then
-  bl=$(bounded 200)
+  bl=$(bounded "${GPU_BENCH_LIMIT:-170}")
   if [ $DRY = 1 ]; then
     BARGS=(--device cpu --tiny --batches 1,4 --prompt 16 --new 16 --learner-updates 1)
   else
-    BARGS=(--budget-s $((bl - 40)))
+    BARGS=(--budget-s $((bl - 40)) --hbm-tbps "$HBM")
   fi
   (env "${TEST_ENV[@]}" OMP_NUM_THREADS="$([ $DRY = 1 ] && echo 1 || echo 8)" timeout "$bl" "$bench" "${BARGS[@]}") >"$OUT/.b.log" 2>&1
   rc=$?
@@ -293,8 +344,9 @@ fi
 
 # ---- 7. the default job, rollouts on the GPU (the learner trains on the CPU) -----------------
 troupe=$(exe troupe)
-if [ "${GPU_RUN_JOB:-$((1 - DRY))}" = 1 ] && [ -n "$troupe" ] && [ -n "$(exe troupe-actor)" ] && [ "$(left)" -gt 150 ]; then
+if [ "${GPU_RUN_JOB:-$((1 - DRY))}" = 1 ] && [ -n "$troupe" ] && [ -n "$(exe troupe-actor)" ] && [ "$(left)" -gt 100 ]; then
   jt=$(($(left) - 45))
+  [ "$jt" -gt "${GPU_JOB_LIMIT:-150}" ] && jt=${GPU_JOB_LIMIT:-150}
   runs=$(mktemp -d)
   (env OMP_WAIT_POLICY=PASSIVE timeout $((jt + 20)) "$troupe" run configs/tiny_reverse.yaml \
     --set engine.device="$([ $DRY = 1 ] && echo cpu || echo cuda)" --set stop.max_seconds=$jt \
@@ -310,7 +362,11 @@ else
   note "default job: not run"
 fi
 
-# ---- 8. summary ----------------------------------------------------------------------------------
+# ---- 8. the CPU tests against this torch, in what is left -----------------------------------
+# shellcheck disable=SC2086
+run_tests $RUN_CPU
+
+# ---- 9. summary ----------------------------------------------------------------------------------
 [ -n "${HDR_PID:-}" ] && { timeout 30 tail --pid="$HDR_PID" -f /dev/null; }
 note "done in $(el)s of ${BUDGET}s"
 echo
