@@ -11,6 +11,9 @@
 //   * SIGKILL of the head: every actor exits within the grace period;
 //   * a deliberately slowed rollout actor produces stale batches that the
 //     learner rejects and counts, and throttling keeps the drop rate low;
+//   * long-tailed responses at lag 2: groups outliving the lag are cut short and their credits
+//     granted again, and a message whose oldest groups are too old trains the rest (the
+//     per-group lag gate, seen in the ledger);
 //   * scale rollout up and down while the job runs;
 //   * a job starts from another run's weights (warm_start.init_from).
 #include <signal.h>
@@ -22,11 +25,12 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <zmq.h>
+#include <nlohmann/json.hpp>
 
 #include "e2e_util.h"
 #include "troupe/launcher/control_client.h"
@@ -188,10 +192,12 @@ TEST(EndToEnd, CopiesOfDecidedBatchesWaitForTheCheckpointLikeTheFirst) {
         return false;
       },
       120000))
-      << "no copy reached the learner\n" << job.Output();
+      << "no copy reached the learner\n"
+      << job.Output();
   // ... and none is answered (the first copies are not: no checkpoint yet).
   EXPECT_FALSE(job.WaitStatus([&](const ControlResult& st) { return resolved(st) > 0; }, 5000))
-      << "a copy was answered before its checkpoint\n" << job.Output();
+      << "a copy was answered before its checkpoint\n"
+      << job.Output();
   ASSERT_TRUE(SendControl(*run, "stop", Deadline::InMs(5000)).ok());
   auto e = job.Wait(120000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
@@ -264,14 +270,15 @@ TEST(EndToEnd, SlowRolloutActorsBatchesAreDroppedAsStaleAndCounted) {
 // Long-tailed responses (configs/longtail_reverse.yaml: words of 3-64 letters) at lag 2: a long
 // word's group is sometimes still generating when the weights are 3 versions newer than its
 // own, and the lag gate could only drop it (61 such groups in 900 updates after the config's
-// 200-step warm start; after 100 steps, responses are shorter and only 3 were). The engine cuts it short (never sent, so outside the
-// accounting), the rollout actor reports it with its next credit request, the learner grants
-// its capacity again, and the job runs all its updates (a credit kept by a group that never
-// arrives would shrink the window for good).
+// 200-step warm start; after 100 steps, responses are shorter and only 3 were). The engine cuts it
+// short (never sent, so outside the accounting), the rollout actor reports it with its next credit
+// request, the learner grants its capacity again, and the job runs all its updates (a credit kept
+// by a group that never arrives would shrink the window for good).
 TEST(EndToEnd, GroupsOutlivingTheLagAreCutShortAndTheirCreditsGrantedAgain) {
-  e2e::Job job("longtail_reverse.yaml",
-               Short(600, {"trainer.max_policy_lag=2", "eval.every_steps=0", "checkpoint.every_steps=50"}),
-               e2e::TestDir("cut_short"));
+  e2e::Job job(
+      "longtail_reverse.yaml",
+      Short(600, {"trainer.max_policy_lag=2", "eval.every_steps=0", "checkpoint.every_steps=50"}),
+      e2e::TestDir("cut_short"));
   auto e = job.Wait(600000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << job.Output();
   ExpectAccountingHolds(job);
@@ -290,6 +297,35 @@ TEST(EndToEnd, GroupsOutlivingTheLagAreCutShortAndTheirCreditsGrantedAgain) {
   for (auto& t : job.Metrics("train")) EXPECT_LE(t.value("lag_max", 99.0), 2.0) << t.dump();
   EXPECT_NE(job.Output().find("groups cut short while generating"), std::string::npos)
       << job.Output();
+
+  // The per-group lag gate: a message bundles 4 groups (groups_per_message) started at different
+  // versions; when its oldest is too old on arrival, the learner leaves only that group out and
+  // trains the rest. The ledger shows it as a trained batch with a stale count (sixth column);
+  // without the gate such a message would be dropped whole. (Two runs of this job on 2 cores:
+  // 137 and 144 of ~2400 messages, 1240 and 1344 sequences.)
+  auto run = job.run();
+  ASSERT_TRUE(run.ok());
+  std::ifstream in(std::filesystem::path(run->path) / "batches.tsv");
+  ASSERT_TRUE(in) << "no batch ledger";
+  int partly_stale = 0;
+  double left_out = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string id, fate, seqs, unscored, source, stale;
+    if (!(std::getline(ls, id, '\t') && std::getline(ls, fate, '\t') &&
+          std::getline(ls, seqs, '\t') && std::getline(ls, unscored, '\t') &&
+          std::getline(ls, source, '\t') && std::getline(ls, stale, '\t')))
+      continue;
+    if (fate == "trained" && std::stod(stale) > 0) {
+      ++partly_stale;
+      left_out += std::stod(stale);
+      EXPECT_GT(std::stod(seqs), 0) << "a batch trained with nothing left in it: " << line;
+    }
+  }
+  auto js = job.Metrics("job_summary");
+  ASSERT_EQ(js.size(), 1u);
+  EXPECT_GT(partly_stale, 0) << "no message had its stale groups left out and the rest trained";
+  EXPECT_LE(left_out, js[0]["accounting"].value("dropped_stale", -1.0)) << js[0].dump();
 }
 
 // Each batch trained 3 times (trainer.updates_per_batch 3, and so max_policy_lag 2 by default:
@@ -326,16 +362,14 @@ TEST(EndToEnd, InitFromStartsFromAnotherRunsWeights) {
   auto run = first.run();
   ASSERT_TRUE(run.ok()) << run.status().ToString();
 
-  Job second(Short(1, {"warm_start.steps=0", "warm_start.init_from=" + run->path}),
-             "init_second");
+  Job second(Short(1, {"warm_start.steps=0", "warm_start.init_from=" + run->path}), "init_second");
   e = second.Wait(300000);
   ASSERT_TRUE(e.exited && e.code == 0) << e.ToString() << "\n" << second.Output();
   auto warm = second.Metrics("warm_start");
   ASSERT_EQ(warm.size(), 1u) << second.Output();
   EXPECT_DOUBLE_EQ(warm[0].value("eval_accuracy", -1.0), final_accuracy) << second.Output();
 
-  Job missing(Short(1, {"warm_start.init_from=/nonexistent/weights.safetensors"}),
-              "init_missing");
+  Job missing(Short(1, {"warm_start.init_from=/nonexistent/weights.safetensors"}), "init_missing");
   e = missing.Wait(60000);
   EXPECT_TRUE(e.exited && e.code == 2) << e.ToString();
   EXPECT_NE(missing.Output().find("warm_start.init_from"), std::string::npos) << missing.Output();
@@ -396,7 +430,8 @@ TEST(EndToEnd, ScaleRolloutUpAndDownWhileRunning) {
     if (actor == "rollout-0") continue;  // the one that stayed
     ++drained;
     EXPECT_EQ(m.value("in_flight", -1.0), 0) << actor << " left with unanswered batches\n"
-                                             << m.dump() << "\n" << job.Output();
+                                             << m.dump() << "\n"
+                                             << job.Output();
   }
   EXPECT_EQ(drained, 2) << job.Output();
 }
