@@ -11,8 +11,8 @@
 # Needs .gpu-deps/troupe-deps.tar.gz (scripts/gpu/prepare-deps.sh makes it on a Debian 12
 # machine; carry it to the GPU machine with the tree). Phases: probe, deps (unpack +
 # relocate), configure (against the wheel's Torch, CUDA and NCCL; one retry without cuDNN and
-# friends), build (only what the checks need, the gpu tests and the benchmark first, every
-# compile error in one go), the gpu-labelled tests, benchmark (bench/gpu/gpu_bench, its decode
+# friends), build (only what the checks need, in three steps: the gpu tests and the benchmark,
+# the job's binaries, the CPU tests; every compile error in one go), the gpu-labelled tests, benchmark (bench/gpu/gpu_bench, its decode
 # limit from the GPU's HBM bandwidth by name; the NCCL broadcast benchmark with 2+ GPUs), the
 # default job with rollouts on the GPU, the CPU tests against this torch in what is left,
 # summary. The most important results come first. Never stops early: a failed or
@@ -244,23 +244,45 @@ if [ $CONF_OK = 1 ]; then
   for t in $TESTS gpu_bench broadcast_bench troupe troupe-actor; do
     grep -qx "$t" <<<"$known" && TARGETS="$TARGETS $t"
   done
-  # Two steps: the gpu tests and the benchmark first, so that a build cut off by its limit
-  # still leaves the checks that matter most; then the job's binaries and the CPU tests.
-  FIRST="" REST=""
+  # Three steps in order of importance, so that a build cut off by its limit still leaves what
+  # matters most: the gpu tests and the benchmark, then the job's binaries, then the CPU tests.
+  STEP1="" STEP2="" STEP3=""
   for t in $TARGETS; do
-    case " $GPU_TESTS gpu_bench " in *" $t "*) FIRST="$FIRST $t" ;; *) REST="$REST $t" ;; esac
+    case " $GPU_TESTS gpu_bench " in
+      *" $t "*) STEP1="$STEP1 $t" ;;
+      *) case " troupe troupe-actor broadcast_bench " in *" $t "*) STEP2="$STEP2 $t" ;; *) STEP3="$STEP3 $t" ;; esac ;;
+    esac
   done
   bstart=$(el)
   blimit=${GPU_BUILD_LIMIT:-300}
-  # shellcheck disable=SC2086
-  timeout "$(bounded "$blimit")" cmake --build "$B" -j"$NJ" --target $FIRST -- -k 0 >"$OUT/build.log" 2>&1 &&
-    BUILD_OK=1
-  note "build: gpu targets $([ $BUILD_OK = 1 ] && echo ok || echo "FAILED or cut off") after $(($(el) - bstart))s"
-  if [ -n "$REST" ]; then
-    # shellcheck disable=SC2086
-    timeout "$(bounded $((blimit - ($(el) - bstart))))" cmake --build "$B" -j"$NJ" --target $REST -- -k 0 >>"$OUT/build.log" 2>&1 ||
+  : >"$OUT/build.log"
+  BUILD_OK=1
+  # build_step NAME TARGETS...: within what is left of the build's limit (and of the budget).
+  build_step() {
+    local name=$1 rest
+    shift
+    [ $# -gt 0 ] || return 0
+    rest=$((blimit - ($(el) - bstart)))
+    [ "$rest" -gt "$(bounded "$rest")" ] && rest=$(bounded "$rest")
+    if [ "$rest" -lt 10 ]; then
+      note "build: $name skipped (build limit ${blimit}s reached)"
       BUILD_OK=0
-  fi
+      return 1
+    fi
+    echo "===== build $name:$*" >>"$OUT/build.log"
+    if timeout "$rest" cmake --build "$B" -j"$NJ" --target "$@" -- -k 0 >>"$OUT/build.log" 2>&1; then
+      note "build: $name ok after $(($(el) - bstart))s"
+    else
+      note "build: $name FAILED or cut off after $(($(el) - bstart))s"
+      BUILD_OK=0
+    fi
+  }
+  # shellcheck disable=SC2086
+  build_step "gpu tests and benchmark" $STEP1
+  # shellcheck disable=SC2086
+  build_step "the job's binaries" $STEP2
+  # shellcheck disable=SC2086
+  build_step "CPU tests" $STEP3
   errors=$(grep -c 'error:' "$OUT/build.log")
   note "build: $([ $BUILD_OK = 1 ] && echo ok || echo "FAILED or cut off") ($errors compile errors; targets:$TARGETS)"
   grep -m12 'error:' "$OUT/build.log" | sed 's/^/    /' | tee -a "$S" >/dev/null
