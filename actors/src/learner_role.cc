@@ -220,8 +220,30 @@ Result<std::shared_ptr<engine::LlamaModel>> InitialPolicy(const launcher::JobCon
   return m;
 }
 
+// The learner's device (trainer.device): the model as loaded (on the CPU), copied onto it.
+Result<std::shared_ptr<engine::LlamaModel>> PlaceOnDevice(std::shared_ptr<engine::LlamaModel> m,
+                                                         const std::string& device) {
+  if (device == "cpu") return m;
+  torch::Device dev(torch::kCPU);
+  try {
+    dev = torch::Device(device);
+    at::empty({1}, at::TensorOptions().device(dev));  // the engine's probe (engine.device)
+  } catch (const std::exception& e) {
+    std::string why = e.what();  // torch's first sentence; the rest is its advice
+    const size_t sentence = why.find(". ");
+    why = why.substr(
+        0, std::min(why.find('\n'), sentence == std::string::npos ? 300 : sentence + 1));
+    return Unavailable("trainer.device '{}' is not usable here: {}", device, why);
+  }
+  auto on = std::make_shared<engine::LlamaModel>(m->config(), engine::LlamaModel::Uninitialized{},
+                                                 dev);
+  TROUPE_RETURN_IF_ERROR(on->LoadNamed(m->StateWeights()).WithContext("trainer.device"));
+  return on;
+}
+
 Status LearnerRole::Setup() {
-  TROUPE_ASSIGN_OR_RETURN(policy_, InitialPolicy(job_));
+  TROUPE_ASSIGN_OR_RETURN(auto initial, InitialPolicy(job_));
+  TROUPE_ASSIGN_OR_RETURN(policy_, PlaceOnDevice(std::move(initial), job_.trainer.device));
   if (!job_.warm_start.init_from.empty())
     Log().info("policy starts from {}", job_.warm_start.init_from);
   else if (!job_.model_from.empty())
@@ -233,8 +255,10 @@ Status LearnerRole::Setup() {
     // The frozen reference of the KL penalty: the policy after the warm start
     // (WarmStart() snapshots it, also when only init_from is set), or the
     // checkpoint's reference on a resume; the seeded init is a placeholder.
-    TROUPE_ASSIGN_OR_RETURN(
-        reference, engine::LlamaModel::Create(job_.model, DeriveSeed(job_.seed, "policy-init")));
+    TROUPE_ASSIGN_OR_RETURN(reference,
+                            engine::LlamaModel::Create(job_.model,
+                                                       DeriveSeed(job_.seed, "policy-init"),
+                                                       policy_->device()));
   }
   TROUPE_ASSIGN_OR_RETURN(learner_, trainer::Learner::Create(job_.trainer, policy_, reference));
   engine::EngineConfig ec;

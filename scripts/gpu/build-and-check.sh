@@ -14,7 +14,8 @@
 # friends), build (only what the checks need, in three steps: the gpu tests and the benchmark,
 # the job's binaries, the CPU tests; every compile error in one go), the gpu-labelled tests, benchmark (bench/gpu/gpu_bench, its decode
 # limit from the GPU's HBM bandwidth by name; the NCCL broadcast benchmark with 2+ GPUs), the
-# default job with rollouts on the GPU, the CPU tests against this torch in what is left,
+# default job with rollouts on the GPU (then with the learner there too, if time is left), the
+# CPU tests against this torch in what is left,
 # summary. The most important results come first. Never stops early: a failed or
 # skipped phase is noted and the next one runs if it can. Stops itself within
 # GPU_RUN_BUDGET seconds (default 510: the device tool allows 600 per command). Writes at most
@@ -364,22 +365,32 @@ else
   note "broadcast_bench nccl: not run ($GPUS GPU(s): NCCL needs one GPU per rank)"
 fi
 
-# ---- 7. the default job, rollouts on the GPU (the learner trains on the CPU) -----------------
+# ---- 7. the default job on the GPU: the rollouts there (the learner on the CPU), then, if
+# there is time, the learner there too (trainer.device), both sharing the one GPU -------------
 troupe=$(exe troupe)
-if [ "${GPU_RUN_JOB:-$((1 - DRY))}" = 1 ] && [ -n "$troupe" ] && [ -n "$(exe troupe-actor)" ] && [ "$(left)" -gt 100 ]; then
+DEV=$([ $DRY = 1 ] && echo cpu || echo cuda)
+run_job() {  # run_job LABEL --set ...: one bounded `troupe run` of the default job
+  local label=$1 jt runs rc
+  shift
   jt=$(($(left) - 45))
   [ "$jt" -gt "${GPU_JOB_LIMIT:-150}" ] && jt=${GPU_JOB_LIMIT:-150}
   runs=$(mktemp -d)
-  (env OMP_WAIT_POLICY=PASSIVE timeout $((jt + 20)) "$troupe" run configs/tiny_reverse.yaml \
-    --set engine.device="$([ $DRY = 1 ] && echo cpu || echo cuda)" --set stop.max_seconds=$jt \
-    --set runs_dir="$runs") >"$OUT/.j.log" 2>&1
+  (env OMP_WAIT_POLICY=PASSIVE timeout $((jt + 20)) "$troupe" run configs/tiny_reverse.yaml "$@" \
+    --set stop.max_seconds=$jt --set runs_dir="$runs") >"$OUT/.j.log" 2>&1
   rc=$?
-  { echo "===== troupe run configs/tiny_reverse.yaml engine.device=cuda max_seconds=$jt rc=$rc"; tail -60 "$OUT/.j.log"; } >>"$OUT/bench.log"
-  note "default job (rollouts on the GPU, ${jt}s at most): rc=$rc"
-  grep -E 'time to|steps .*tok/s|accounting' "$OUT/.j.log" | sed 's/^/    /' | tee -a "$S" >/dev/null
-  jl kind=job rc="$rc" max_seconds="$jt" \
-    summary="$(grep -E 'time to|steps .*tok/s' "$OUT/.j.log" | tr -s ' ' | tr '\n' ';')"
+  { echo "===== troupe run configs/tiny_reverse.yaml $* max_seconds=$jt rc=$rc"; tail -60 "$OUT/.j.log"
+    grep -h -E ' [EW] \[' "$runs"/*/logs/*.log 2>/dev/null | tail -20; } >>"$OUT/bench.log"
+  note "default job ($label, ${jt}s at most): rc=$rc"
+  grep -E 'time to|steps .*tok/s|accounting|job failed' "$OUT/.j.log" | sed 's/^/    /' | tee -a "$S" >/dev/null
+  jl kind=job name="$label" rc="$rc" max_seconds="$jt" \
+    summary="$(grep -E 'time to|steps .*tok/s|job failed' "$OUT/.j.log" | tr -s ' ' | tr '\n' ';')"
   rm -rf "$runs" "$OUT/.j.log"
+}
+if [ "${GPU_RUN_JOB:-$((1 - DRY))}" = 1 ] && [ -n "$troupe" ] && [ -n "$(exe troupe-actor)" ] && [ "$(left)" -gt 100 ]; then
+  run_job "rollouts on the GPU, learner on the CPU" --set engine.device=$DEV
+  if [ $DRY = 0 ] && [ "$(left)" -gt 100 ]; then
+    run_job "rollouts and learner on the GPU" --set engine.device=$DEV --set trainer.device=$DEV
+  fi
 else
   note "default job: not run"
 fi

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <sstream>
@@ -326,6 +327,23 @@ TEST(EndToEnd, GroupsOutlivingTheLagAreCutShortAndTheirCreditsGrantedAgain) {
   ASSERT_EQ(js.size(), 1u);
   EXPECT_GT(partly_stale, 0) << "no message had its stale groups left out and the rest trained";
   EXPECT_LE(left_out, js[0]["accounting"].value("dropped_stale", -1.0)) << js[0].dump();
+}
+
+// trainer.device names a device this machine cannot give (cuda:99: a CPU-only libtorch has no
+// CUDA at all, and no machine has 100 GPUs): the learner refuses to start, naming the key and
+// torch's reason in its log, and the job fails once its restarts are spent instead of waiting.
+TEST(EndToEnd, ALearnerDeviceTheMachineLacksFailsTheJobNamingIt) {
+  Job job(Short(20, {"trainer.device=cuda:99"}), "no_device");
+  auto e = job.Wait(300000);
+  ASSERT_TRUE(e.exited) << e.ToString() << "\n" << job.Output();
+  EXPECT_NE(e.code, 0) << job.Output();
+  EXPECT_NE(job.Output().find("learner-0 failed after"), std::string::npos) << job.Output();
+  auto run = job.run();
+  ASSERT_TRUE(run.ok());
+  std::ifstream in(std::filesystem::path(run->path) / "logs" / "learner-0.log");
+  std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("[learner-0]"), std::string::npos) << log;
+  EXPECT_NE(log.find("trainer.device 'cuda:99' is not usable here: "), std::string::npos) << log;
 }
 
 // Each batch trained 3 times (trainer.updates_per_batch 3, and so max_policy_lag 2 by default:

@@ -204,6 +204,22 @@ TEST(Config, DefaultsValidAndErrorsNameTheField) {
   c.warmup_steps = 20;
   c.total_steps = 10;
   EXPECT_THAT(c.Validate().message(), HasSubstr("warmup_steps"));
+  // trainer.device: cpu, cuda or cuda:N; a CUDA learner trains with one thread.
+  for (const char* ok : {"cpu", "cuda", "cuda:0", "cuda:12"}) {
+    c = LearnerConfig{};
+    c.device = ok;
+    EXPECT_TRUE(c.Validate().ok()) << ok << ": " << c.Validate().ToString();
+  }
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:1a", "CPU", ""}) {
+    c = LearnerConfig{};
+    c.device = bad;
+    EXPECT_THAT(c.Validate().message(), HasSubstr("trainer.device = '" + std::string(bad) + "'"))
+        << bad;
+  }
+  c = LearnerConfig{};
+  c.device = "cuda";
+  c.threads = 2;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("trainer.threads = 2 with trainer.device cuda"));
   EXPECT_EQ(ParseAdvantageEstimator("rloo").value(), AdvantageEstimator::kRloo);
   EXPECT_THAT(ParseAdvantageEstimator("ppo").status().message(), HasSubstr("'ppo'"));
   EXPECT_EQ(ParseLossAggregation("sequence_mean").value(), LossAggregation::kSequenceMean);

@@ -96,6 +96,16 @@ Status LearnerConfig::Validate() const {
   if (micro_batch_tokens < 1) {
     return InvalidArgument("trainer.micro_batch_tokens = {} must be >= 1", micro_batch_tokens);
   }
+  if (device != "cpu" && device != "cuda" &&
+      !(device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+        device.find_first_not_of("0123456789", 5) == std::string::npos)) {
+    return InvalidArgument("trainer.device = '{}' must be 'cpu', 'cuda' or 'cuda:N'", device);
+  }
+  if (device != "cpu" && threads != 1) {
+    return InvalidArgument(
+        "trainer.threads = {} with trainer.device {}: update threads are for the CPU (use 1)",
+        threads, device);
+  }
   if (threads < 1 || threads > 64) {
     return InvalidArgument("trainer.threads = {} must be in [1, 64]", threads);
   }
@@ -167,6 +177,7 @@ void Describe(Binder& b, LearnerConfig& c) {
   b.Field("grad_clip", &c.grad_clip, "global gradient-norm clip (0: off)");
   b.Field("micro_batch_tokens", &c.micro_batch_tokens,
           "padded tokens per forward/backward micro-batch");
+  b.Field("device", &c.device, "where the learner trains: cpu | cuda | cuda:N");
   b.Field("threads", &c.threads,
           "threads of an RL update (CPU; sequences dealt round-robin, gradients summed in order)");
   b.Field("updates_per_batch", &c.updates_per_batch, "optimizer updates per batch (PPO epochs)");

@@ -116,6 +116,11 @@ struct LearnerConfig {
   // micro-batches with one intra-op thread, and their gradients are summed in thread order,
   // so the result does not depend on timing. 1 = the training thread alone. Default 1.
   int32_t threads = 1;
+  // Where the learner's policy (and its KL reference) lives and trains: "cpu", "cuda" or
+  // "cuda:N". Default "cpu". Read by the job's learner actor, which places the model; the
+  // Learner itself trains on whatever device its model is on. Its evaluation engine follows
+  // engine.device. With a CUDA device, threads must be 1.
+  std::string device = "cpu";
   // Admitted batches consumed by one optimizer update. Default 1.
   int32_t batches_per_update = 1;
   // Optimizer updates made on the same batches (PPO epochs). Default 1. Each
