@@ -223,18 +223,8 @@ Result<std::shared_ptr<engine::LlamaModel>> InitialPolicy(const launcher::JobCon
 // The learner's device (trainer.device): the model as loaded (on the CPU), copied onto it.
 Result<std::shared_ptr<engine::LlamaModel>> PlaceOnDevice(std::shared_ptr<engine::LlamaModel> m,
                                                          const std::string& device) {
-  if (device == "cpu") return m;
-  torch::Device dev(torch::kCPU);
-  try {
-    dev = torch::Device(device);
-    at::empty({1}, at::TensorOptions().device(dev));  // the engine's probe (engine.device)
-  } catch (const std::exception& e) {
-    std::string why = e.what();  // torch's first sentence; the rest is its advice
-    const size_t sentence = why.find(". ");
-    why = why.substr(
-        0, std::min(why.find('\n'), sentence == std::string::npos ? 300 : sentence + 1));
-    return Unavailable("trainer.device '{}' is not usable here: {}", device, why);
-  }
+  TROUPE_ASSIGN_OR_RETURN(const torch::Device dev, engine::UsableDevice("trainer.device", device));
+  if (dev == m->device()) return m;
   auto on = std::make_shared<engine::LlamaModel>(m->config(), engine::LlamaModel::Uninitialized{},
                                                  dev);
   TROUPE_RETURN_IF_ERROR(on->LoadNamed(m->StateWeights()).WithContext("trainer.device"));

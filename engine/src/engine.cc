@@ -292,23 +292,30 @@ bool SetComputeThreads(int n) {
 
 Engine::Engine(const EngineConfig& config) : config_(config) {}
 
+Result<torch::Device> UsableDevice(std::string_view key, const std::string& device) {
+  torch::Device dev(torch::kCPU);
+  try {
+    dev = torch::Device(device);
+  } catch (const std::exception& e) {
+    return InvalidArgument("{} '{}': {}", key, device, e.what());
+  }
+  if (dev.is_cpu()) return dev;
+  try {
+    at::empty({1}, at::TensorOptions().device(dev));
+  } catch (const std::exception& e) {
+    std::string why = e.what();  // torch's first sentence; the rest is its advice
+    const size_t sentence = why.find(". ");
+    why =
+        why.substr(0, std::min(why.find('\n'), sentence == std::string::npos ? 300 : sentence + 1));
+    return Unavailable("{} '{}' is not usable here: {}", key, device, why);
+  }
+  return dev;
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                std::shared_ptr<LlamaModel> model) {
   TROUPE_RETURN_IF_ERROR(config.Validate());
-  torch::Device device(torch::kCPU);
-  try {
-    device = torch::Device(config.device);
-  } catch (const std::exception& e) {
-    return InvalidArgument("engine.device '{}': {}", config.device, e.what());
-  }
-  if (!device.is_cpu()) {
-    try {
-      at::empty({1}, at::TensorOptions().device(device));
-    } catch (const std::exception& e) {
-      return Unavailable("engine.device '{}' is not usable: {}", config.device,
-                         std::string(e.what()).substr(0, 300));
-    }
-  }
+  TROUPE_ASSIGN_OR_RETURN(const torch::Device device, UsableDevice("engine.device", config.device));
   if (model) {
     const ModelConfig& a = model->config();
     const ModelConfig& b = config.model;

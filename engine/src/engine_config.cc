@@ -31,13 +31,19 @@ Status EngineConfig::Validate() const {
                            CacheLen());
   if (intra_op_threads < 0 || intra_op_threads > 1024)
     return InvalidArgument("engine.intra_op_threads = {} must be in [0, 1024]", intra_op_threads);
-  if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
-    return InvalidArgument("engine.device = '{}' must be 'cpu', 'cuda' or 'cuda:N'", device);
+  TROUPE_RETURN_IF_ERROR(ValidateDeviceName("engine.device", device));
   if (max_prefill_tokens < CacheLen())
     return InvalidArgument(
         "engine.max_prefill_tokens = {} must be >= the cache length {} (one full prompt)",
         max_prefill_tokens, CacheLen());
   return Status::Ok();
+}
+
+Status ValidateDeviceName(std::string_view key, const std::string& device) {
+  const bool indexed = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+                       device.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (device == "cpu" || device == "cuda" || indexed) return Status::Ok();
+  return InvalidArgument("{} = '{}' must be 'cpu', 'cuda' or 'cuda:N'", key, device);
 }
 
 }  // namespace troupe::engine

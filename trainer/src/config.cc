@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include "troupe/core/config_binder.h"
+#include "troupe/engine/engine_config.h"
 
 namespace troupe::trainer {
 
@@ -96,11 +97,7 @@ Status LearnerConfig::Validate() const {
   if (micro_batch_tokens < 1) {
     return InvalidArgument("trainer.micro_batch_tokens = {} must be >= 1", micro_batch_tokens);
   }
-  if (device != "cpu" && device != "cuda" &&
-      !(device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
-        device.find_first_not_of("0123456789", 5) == std::string::npos)) {
-    return InvalidArgument("trainer.device = '{}' must be 'cpu', 'cuda' or 'cuda:N'", device);
-  }
+  TROUPE_RETURN_IF_ERROR(engine::ValidateDeviceName("trainer.device", device));
   if (device != "cpu" && threads != 1) {
     return InvalidArgument(
         "trainer.threads = {} with trainer.device {}: update threads are for the CPU (use 1)",

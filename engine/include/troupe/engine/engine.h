@@ -40,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -172,6 +173,12 @@ struct EngineStats {
   // this is the compute cost, unaffected by time the OS gave to other processes).
   double step_cpu_seconds = 0;
 };
+
+// The torch device `device` names (see ValidateDeviceName), if this process can allocate on
+// it: a CPU-only libtorch, or a GPU index not visible, cannot. Errors name `key` and the value:
+// InvalidArgument for a name torch does not parse, Unavailable with torch's first sentence of
+// why otherwise.
+Result<torch::Device> UsableDevice(std::string_view key, const std::string& device);
 
 class Engine {
  public:

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/core/status.h"
@@ -89,5 +90,9 @@ struct EngineConfig {
   // Validates the model config and every field here.
   Status Validate() const;
 };
+
+// Checks a device name as the config takes one: "cpu", "cuda" or "cuda:N". The error names
+// `key` (engine.device, trainer.device) and the value.
+Status ValidateDeviceName(std::string_view key, const std::string& device);
 
 }  // namespace troupe::engine
