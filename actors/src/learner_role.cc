@@ -120,6 +120,10 @@ class LearnerRole {
   std::unique_ptr<AsyncBroadcaster> broadcaster_;
   std::unique_ptr<CreditBook> credits_;
   int64_t stale_on_arrival_ = 0;  // sequences the per-group gate left out of accepted batches
+  // Every sequence dropped as stale: whole batches (the trainer's gate) and groups left out.
+  double DroppedStale(const trainer::LearnerCounters& c) const {
+    return static_cast<double>(c.dropped_stale_sequences + stale_on_arrival_);
+  }
   int64_t abandoned_groups_ = 0;  // granted groups rollout actors cut short as stale (freed)
   std::unique_ptr<BatchLedger> ledger_;  // opened by Run (fresh or resumed)
   // A sample of every update's accepted sequences -> head -> RUN/rollouts.jsonl (dashboard).
@@ -1037,8 +1041,7 @@ void LearnerRole::Finish() {
       "done ({}): {} updates, best accuracy {:.3f}, trained {} sequences, dropped {} stale / {} "
       "invalid",
       done_reason_, RlUpdates(), best_accuracy_, c.trained_sequences,
-      c.dropped_stale_sequences + stale_on_arrival_,
-      c.dropped_invalid_sequences);
+      DroppedStale(c), c.dropped_invalid_sequences);
 }
 
 Status LearnerRole::Run() {
@@ -1099,8 +1102,7 @@ Status LearnerRole::Run() {
                     {"updates", static_cast<double>(RlUpdates())},
                     {"queued_batches", static_cast<double>(c.queued_batches)},
                     {"trained", static_cast<double>(c.trained_sequences)},
-                    {"dropped_stale", static_cast<double>(c.dropped_stale_sequences +
-                                                          stale_on_arrival_)},
+                    {"dropped_stale", DroppedStale(c)},
                     {"stale_groups_left_out_sequences", static_cast<double>(stale_on_arrival_)},
                     {"dropped_invalid", static_cast<double>(c.dropped_invalid_sequences)},
                     {"credits_granted", static_cast<double>(credits_->granted())},

@@ -27,7 +27,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/test_seed.h"
 #include "batch_codec.h"
+#include "fuzz_input.h"
 #include "troupe/trainer/batch.h"
 #include "troupe/trainer/lag_gate.h"
 #include "troupe/transport/message.h"
@@ -38,16 +40,7 @@ namespace {
 
 using Rng = std::mt19937_64;
 
-uint64_t Seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("batch_codec_fuzz_test seed %llu (TROUPE_TEST_SEED replays)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+uint64_t Seed() { return test_support::TestSeed("batch_codec_fuzz_test"); }
 
 // One tensor of the message as it will be sent: any dtype, any length, or absent.
 struct Column {
@@ -200,12 +193,7 @@ void BuildScored(const Draft& d, transport::OutMessage* m) {
 }
 
 std::vector<std::string> Frames(const transport::OutMessage& m) {
-  m.Seal(transport::SealInfo{"reward-0", 9});
-  std::vector<std::string> frames(1);
-  transport::EncodeHeader(m, 0, &frames[0]);
-  for (auto s : transport::Segments(m))
-    frames.emplace_back(static_cast<const char*>(s.data), s.size);
-  return frames;
+  return transport::fuzz::EncodeFrames(m, 0, "reward-0");
 }
 
 Result<transport::InMessage> Decode(std::vector<std::string> frames) {

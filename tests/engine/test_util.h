@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "../common/temp_dir.h"
+#include "../common/test_seed.h"
 #include "troupe/engine/model_config.h"
 
 namespace troupe::engine::testing {
@@ -33,15 +34,6 @@ inline ModelConfig TinyConfig() {
 }
 
 // Seed for a test: fixed per run but printed, so a failure can be replayed.
-inline uint64_t TestSeed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("engine test seed: %llu (set TROUPE_TEST_SEED to replay)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+inline uint64_t TestSeed() { return test_support::TestSeed("engine tests"); }
 
 }  // namespace troupe::engine::testing

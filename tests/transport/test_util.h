@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "../common/temp_dir.h"
+#include "../common/test_seed.h"
 #include "troupe/transport/message.h"
 #include "troupe/transport/socket.h"
 
@@ -21,16 +22,7 @@ namespace troupe::transport::testing {
 using test_support::TempDir;
 
 // A seed printed once per test so failures can be replayed.
-inline uint64_t TestSeed() {
-  static uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::fprintf(stderr, "transport tests: random seed %llu (TROUPE_TEST_SEED to replay)\n",
-                 static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+inline uint64_t TestSeed() { return test_support::TestSeed("transport tests"); }
 
 // An Echo message carrying `text` and an int32 payload tensor of `n` values
 // (v[i] = base + i), sent without copying.

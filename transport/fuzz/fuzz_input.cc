@@ -88,17 +88,14 @@ int DecodeOne(const uint8_t* data, size_t size) {
   return 1;
 }
 
-namespace {
-
-std::vector<std::string> Frames(const OutMessage& m, uint64_t floor) {
-  m.Seal(SealInfo{"seed", 7});
+std::vector<std::string> EncodeFrames(const OutMessage& m, uint64_t ack_floor,
+                                      std::string_view sender) {
+  m.Seal(SealInfo{sender, 7});
   std::vector<std::string> frames(1);
-  EncodeHeader(m, floor, &frames[0]);
+  EncodeHeader(m, ack_floor, &frames[0]);
   for (auto s : Segments(m)) frames.emplace_back(static_cast<const char*>(s.data), s.size);
   return frames;
 }
-
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> SeedInputs() {
   std::vector<std::pair<std::string, std::string>> out;
@@ -109,7 +106,7 @@ std::vector<std::pair<std::string, std::string>> SeedInputs() {
     std::vector<int32_t> v(3000, 7);  // 12 KB: its own segment
     (void)m.SetTensor(e.initPayload(), wire::DType::INT32, {3000}, TensorBytes::FromVector(v));
     m.set_seq(3);
-    out.emplace_back("seed-echo-tensor", JoinFrames(Frames(m, 2)));
+    out.emplace_back("seed-echo-tensor", JoinFrames(EncodeFrames(m, 2)));
   }
   {
     OutMessage m;
@@ -128,7 +125,7 @@ std::vector<std::pair<std::string, std::string>> SeedInputs() {
     auto seqs = b.initSequences(2);
     seqs[0].setPromptId("p0");
     seqs[1].setResponseText("olleh");
-    out.emplace_back("seed-rollout-batch", JoinFrames(Frames(m, 0)));
+    out.emplace_back("seed-rollout-batch", JoinFrames(EncodeFrames(m, 0)));
   }
   {
     OutMessage m;
@@ -139,7 +136,7 @@ std::vector<std::pair<std::string, std::string>> SeedInputs() {
     r[0].setSeq(9);
     r[0].setReason("stale");
     a.setProcessedThrough(4);
-    out.emplace_back("seed-ack", JoinFrames(Frames(m, 0)));
+    out.emplace_back("seed-ack", JoinFrames(EncodeFrames(m, 0)));
   }
   {
     OutMessage m;
@@ -148,7 +145,7 @@ std::vector<std::pair<std::string, std::string>> SeedInputs() {
     auto eps = actors[0].initEndpoints(1);
     eps[0].setName("data");
     eps[0].setAddress("tcp://127.0.0.1:5555");
-    out.emplace_back("seed-directory", JoinFrames(Frames(m, 0)));
+    out.emplace_back("seed-directory", JoinFrames(EncodeFrames(m, 0)));
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/transport/message.h"
@@ -20,6 +21,10 @@ namespace troupe::transport::fuzz {
 std::vector<FrameRef> SplitFrames(const uint8_t* data, size_t size);
 // Encodes frames in the input format.
 std::string JoinFrames(const std::vector<std::string>& frames);
+// The frames one transmission of `m` puts on the wire (header with `ack_floor`, then the
+// segments), sealed as sent by `sender`.
+std::vector<std::string> EncodeFrames(const OutMessage& m, uint64_t ack_floor,
+                                      std::string_view sender = "seed");
 // Decodes one input with small limits and, if it decodes, reads every tensor
 // of the common kinds and every byte of them. Returns 1 if it decoded.
 int DecodeOne(const uint8_t* data, size_t size);
