@@ -40,7 +40,9 @@ namespace {
 
 using Rng = std::mt19937_64;
 
-uint64_t Seed() { return test_support::TestSeed("batch_codec_fuzz_test"); }
+uint64_t Seed() {
+  return test_support::TestSeed("batch_codec_fuzz_test");
+}
 
 // One tensor of the message as it will be sent: any dtype, any length, or absent.
 struct Column {
