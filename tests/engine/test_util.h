@@ -34,6 +34,8 @@ inline ModelConfig TinyConfig() {
 }
 
 // Seed for a test: fixed per run but printed, so a failure can be replayed.
-inline uint64_t TestSeed() { return test_support::TestSeed("engine tests"); }
+inline uint64_t TestSeed() {
+  return test_support::TestSeed("engine tests");
+}
 
 }  // namespace troupe::engine::testing

@@ -22,7 +22,9 @@ namespace troupe::transport::testing {
 using test_support::TempDir;
 
 // A seed printed once per test so failures can be replayed.
-inline uint64_t TestSeed() { return test_support::TestSeed("transport tests"); }
+inline uint64_t TestSeed() {
+  return test_support::TestSeed("transport tests");
+}
 
 // An Echo message carrying `text` and an int32 payload tensor of `n` values
 // (v[i] = base + i), sent without copying.
