@@ -32,6 +32,7 @@
 #include <random>
 #include <sstream>
 
+#include "../common/test_seed.h"
 #include "child_process.h"
 #include "troupe/broadcast/layout.h"
 #include "troupe/broadcast/receiver.h"
@@ -55,14 +56,7 @@ constexpr int64_t kTimeoutMs = 3000;
 std::string g_self;
 
 uint64_t Seed() {
-  static uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("broadcast_conformance_test seed %llu (TROUPE_TEST_SEED to repeat)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
+  return test_support::TestSeed("broadcast_conformance_test");
 }
 
 uint64_t ExpectedDigest(uint64_t seed, uint64_t version, WireDtype wire) {

@@ -27,6 +27,7 @@
 #include <random>
 #include <thread>
 
+#include "../common/test_seed.h"
 #include "chunk_stream.h"
 #include "protocol.h"
 #include "rendezvous.h"
@@ -51,14 +52,7 @@ const WeightsSpec kSpec{4, 32, 64, 256};
 constexpr int64_t kTimeoutMs = 2000;
 
 uint64_t Seed() {
-  static uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("broadcast_protocol_test seed %llu (TROUPE_TEST_SEED to repeat)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
+  return test_support::TestSeed("broadcast_protocol_test");
 }
 
 bool IsKind(const SendEvent& ev, transport::MessageKind kind) {

@@ -10,6 +10,7 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include "../common/test_seed.h"
 #include "troupe/engine/engine.h"
 #include "troupe/engine/logprob.h"
 #include "troupe/engine/tokenizer.h"
@@ -20,14 +21,7 @@ namespace troupe::envs {
 namespace {
 
 uint64_t Seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("episode_driver_test seed: %llu (TROUPE_TEST_SEED to replay)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
+  return test_support::TestSeed("episode_driver_test");
 }
 
 class DriverTest : public ::testing::Test {

@@ -20,6 +20,7 @@
 
 #include "../common/gpu_device.h"
 #include "../common/temp_dir.h"
+#include "../common/test_seed.h"
 #include "test_util.h"
 #include "troupe/core/check.h"
 #include "troupe/trainer/learner.h"
@@ -34,14 +35,7 @@ using test_support::TempDir;
 using troupe::test_support::GpuTestDevice;
 
 uint64_t Seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TROUPE_TEST_SEED");
-    uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("trainer_cuda_test seed %llu (TROUPE_TEST_SEED replays)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
+  return test_support::TestSeed("trainer_cuda_test");
 }
 
 engine::ModelConfig Config() {
