@@ -26,7 +26,6 @@
 #include <map>
 #include <random>
 #include <set>
-#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -213,22 +212,16 @@ TEST(Chaos, EveryRoleKilledTheLearnerTwiceAndTheAccountingStaysExact) {
   // The ledger: every batch once; its sums are the summary's.
   auto run = job.run();
   ASSERT_TRUE(run.ok());
-  std::ifstream in(fs::path(run->path) / "batches.tsv");
-  ASSERT_TRUE(in) << "no batch ledger";
+  auto ledger = e2e::ReadLedger(run->path);
+  ASSERT_TRUE(ledger) << "no batch ledger";
   std::set<std::string> ids;
   std::map<std::string, double> sums;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream ls(line);
-    std::string id, fate, seqs, unscored;
-    ASSERT_TRUE(std::getline(ls, id, '\t') && std::getline(ls, fate, '\t') &&
-                std::getline(ls, seqs, '\t') && std::getline(ls, unscored, '\t'))
-        << line;
-    EXPECT_TRUE(ids.insert(id).second) << "batch " << id << " decided twice";
-    sums[fate] += std::stod(seqs);
-    sums["dropped_unscored"] += std::stod(unscored);
-    std::string source, stale;  // stale: sequences of groups too old on arrival, left out
-    if (std::getline(ls, source, '\t') && std::getline(ls, stale, '\t'))
-      sums["dropped_stale"] += std::stod(stale);
+  for (const e2e::LedgerRow& r : *ledger) {
+    ASSERT_GE(r.columns, 4) << r.line;
+    EXPECT_TRUE(ids.insert(r.id).second) << "batch " << r.id << " decided twice";
+    sums[r.fate] += r.sequences;
+    sums["dropped_unscored"] += r.unscored;
+    sums["dropped_stale"] += r.stale;  // sequences of groups too old on arrival, left out
   }
   EXPECT_GT(ids.size(), 0u);
   for (const char* t : {"trained", "skipped", "dropped_stale", "dropped_unscored"})

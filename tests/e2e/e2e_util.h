@@ -10,17 +10,19 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <regex>
 #include <memory>
+#include <optional>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "../common/eventually.h"
 #include <nlohmann/json.hpp>
+#include "../common/eventually.h"
 
 #include "troupe/launcher/control_client.h"
 #include "troupe/launcher/run_dir.h"
@@ -71,8 +73,8 @@ inline std::vector<std::string> Short(int max_steps, std::vector<std::string> mo
   return s;
 }
 
-// One `troupe run configs/<config>` (or an absolute config path) with --set overrides, in `dir`/runs. The
-// destructor stops it and checks that no actor it saw outlived it.
+// One `troupe run configs/<config>` (or an absolute config path) with --set overrides, in
+// `dir`/runs. The destructor stops it and checks that no actor it saw outlived it.
 class Job {
  public:
   Job(const std::string& config, const std::vector<std::string>& sets, std::filesystem::path dir)
@@ -176,7 +178,8 @@ class Job {
 // killed by pid when it goes out of scope. port() is 0 if it never announced one.
 class PortedServer {
  public:
-  PortedServer(std::vector<std::string> argv, std::string output_file) : out_(std::move(output_file)) {
+  PortedServer(std::vector<std::string> argv, std::string output_file)
+      : out_(std::move(output_file)) {
     SpawnOptions o;
     o.argv = std::move(argv);
     o.output_file = out_;
@@ -215,6 +218,37 @@ class PortedServer {
   int port_ = 0;
 };
 
+// One line of a run's batch ledger (<run>/batches.tsv, actors/src/batch_ledger.h):
+// id, fate, sequences, unscored, source, stale. `columns` is how many the line had; a
+// five-column line (written before the per-group lag gate) reads as stale 0.
+struct LedgerRow {
+  std::string line, id, fate, source;
+  double sequences = 0, unscored = 0, stale = 0;
+  int columns = 0;
+};
+
+// The ledger of the run folder `run`, line by line; nullopt when it has none.
+inline std::optional<std::vector<LedgerRow>> ReadLedger(const std::filesystem::path& run) {
+  std::ifstream in(run / "batches.tsv");
+  if (!in) return std::nullopt;
+  std::vector<LedgerRow> rows;
+  for (std::string line; std::getline(in, line);) {
+    LedgerRow r;
+    r.line = line;
+    std::istringstream ls(line);
+    std::string field[6];
+    while (r.columns < 6 && std::getline(ls, field[r.columns], '\t')) ++r.columns;
+    r.id = field[0];
+    r.fate = field[1];
+    r.source = field[4];
+    if (r.columns > 2) r.sequences = std::stod(field[2]);
+    if (r.columns > 3) r.unscored = std::stod(field[3]);
+    if (r.columns > 5) r.stale = std::stod(field[5]);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 // DESIGN invariant 4 on the job_summary line: generated = trained + skipped
 // + dropped_stale + dropped_invalid + dropped_unscored + in_flight +
 // lost_with_actor + lost_with_learner, and no check of the head's failed.
@@ -229,7 +263,7 @@ inline void ExpectAccountingHolds(const Job& job) {
   EXPECT_GT(a.value("generated", 0.0), 0);
   EXPECT_GT(a.value("trained", 0.0) + a.value("skipped", 0.0), 0);
   EXPECT_NEAR(a.value("generated", 0.0), rest, 0.5) << "accounting: " << a.dump() << "\n"
-                                                     << job.Output();
+                                                    << job.Output();
   EXPECT_TRUE(js[0].value("accounting_holds", false))
       << "accounting problems: " << js[0]["accounting_problems"].dump() << "\n"
       << job.Output();
